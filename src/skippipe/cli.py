@@ -1,0 +1,64 @@
+"""The ``skippipe`` command. Each sub-command lives in ``skippipe/commands/<name>.py`` and
+provides ``add_arguments(parser)`` and ``run(args) -> int``; modules are imported only when
+their command runs, so planning commands never import torch.
+
+Every user-facing error is one line on stderr and exit code 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import sys
+
+from skippipe.errors import UserError
+
+COMMANDS: list[tuple[str, str]] = [
+    ("plan", "cluster + workload -> plan file"),
+    ("simulate", "simulate one iteration of a plan: table, JSON, Gantt chart"),
+    ("compare", "all planning methods on one cluster: table + bar chart"),
+    ("train", "train along a plan with one worker process per node"),
+    ("worker", "one worker process (used by `train` and by torchrun)"),
+    ("eval", "validation perplexity, optionally with stages omitted"),
+    ("export", "export a checkpoint to a Hugging Face LLaMA directory"),
+]
+
+
+def _available() -> list[tuple[str, str]]:
+    return [(name, text) for name, text in COMMANDS if importlib.util.find_spec(f"skippipe.commands.{name}")]
+
+
+def build_parser(argv: list[str]) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="skippipe", description="SkipPipe: plan, simulate and train partial pipelines over slow, uneven networks."
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    wanted = next((a for a in argv if not a.startswith("-")), None)
+    for name, text in _available():
+        p = sub.add_parser(name, help=text, description=text)
+        if name == wanted:  # import only the module of the command that runs
+            importlib.import_module(f"skippipe.commands.{name}").add_arguments(p)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(argv)
+    args = parser.parse_args(argv)
+    if not args.command:
+        parser.print_help()
+        return 2
+    try:
+        module = importlib.import_module(f"skippipe.commands.{args.command}")
+        return int(module.run(args) or 0)
+    except UserError as exc:
+        print(f"skippipe {args.command}: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print(f"skippipe {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,331 @@
+"""Clusters: nodes, the links between them, their compute speed and memory.
+
+A cluster comes from a preset (a network table of ``resources/networks.json`` and one of its
+settings, N nodes placed round-robin over the setting's locations) or from a user file (JSON or
+TOML) that gives each node a location, explicit latency/bandwidth matrices, or a measured
+``transfer_s`` matrix. Everything here is torch-free.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from dataclasses import dataclass, field
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from skippipe.costs import forward_seconds, transfer_seconds
+from skippipe.errors import ClusterError
+
+TABLE_NAMES = ("gcp-2025", "aws-2022")
+SETTING_NAMES = ("geo-distributed", "single-cluster", "5-clusters")
+
+
+@dataclass
+class Cluster:
+    """N nodes. Exactly one of (latency_ms + bandwidth_GBps) or transfer_s describes the links."""
+
+    name: str
+    n: int
+    locations: list[str] | None = None
+    latency_ms: np.ndarray | None = None
+    bandwidth_GBps: np.ndarray | None = None
+    transfer_s: np.ndarray | None = None  # measured seconds per microbatch hop, used as is
+    compute_speed: np.ndarray = field(default_factory=lambda: np.ones(0))
+    forward_s: np.ndarray | None = None  # explicit forward seconds per microbatch per node
+    memory: np.ndarray | None = None  # activation slots (microbatches) per node
+    stages: list[list[int]] | None = None  # a fixed node -> stage allocation
+    t_layer_s: float | None = None  # the table's compute constant, if it came from one
+
+    def __post_init__(self) -> None:
+        if self.compute_speed.size == 0:
+            self.compute_speed = np.ones(self.n)
+        _check_cluster(self)
+
+    def transfer_matrix(self, nbytes: int, hop_overhead_s: float) -> np.ndarray:
+        """Seconds per microbatch hop i -> j (0 on the diagonal)."""
+        if self.transfer_s is not None:
+            t = np.array(self.transfer_s, dtype=float)
+            np.fill_diagonal(t, 0.0)
+            return t
+        assert self.latency_ms is not None and self.bandwidth_GBps is not None
+        return transfer_seconds(self.latency_ms, self.bandwidth_GBps, nbytes, hop_overhead_s)
+
+    def forward_vector(self, t_layer_s: float, layers_per_stage: int, samples: int) -> np.ndarray:
+        """Forward seconds of one stage for one microbatch, per node."""
+        if self.forward_s is not None:
+            return np.array(self.forward_s, dtype=float)
+        return forward_seconds(t_layer_s, layers_per_stage, samples, self.compute_speed)
+
+    def memory_vector(self, default: int) -> np.ndarray:
+        if self.memory is not None:
+            return np.array(self.memory, dtype=int)
+        return np.full(self.n, int(default), dtype=int)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name, "n": self.n}
+        if self.locations is not None:
+            out["locations"] = list(self.locations)
+        if self.transfer_s is not None:
+            out["transfer_s"] = np.asarray(self.transfer_s).tolist()
+        else:
+            out["latency_ms"] = np.asarray(self.latency_ms).tolist()
+            out["bandwidth_GBps"] = np.asarray(self.bandwidth_GBps).tolist()
+        out["compute_speed"] = np.asarray(self.compute_speed).tolist()
+        if self.forward_s is not None:
+            out["forward_s"] = np.asarray(self.forward_s).tolist()
+        if self.memory is not None:
+            out["memory"] = np.asarray(self.memory).tolist()
+        if self.stages is not None:
+            out["stages"] = [list(s) for s in self.stages]
+        return out
+
+
+# ---------------------------------------------------------------------------------- tables
+
+
+@lru_cache(maxsize=1)
+def network_tables() -> dict[str, Any]:
+    text = resources.files("skippipe").joinpath("resources/networks.json").read_text()
+    return json.loads(text)
+
+
+def _table(name: str) -> dict[str, Any]:
+    tables = network_tables()
+    if name not in tables:
+        raise ClusterError(f"unknown network table {name!r} (known: {', '.join(tables)})")
+    return tables[name]
+
+
+def location_matrices(table: str, locations: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Latency (ms) and bandwidth (GiB/s) between nodes placed at ``locations``.
+
+    A pair the table does not list (aws-2022 lacks Ireland-Sofia and Ireland-Amsterdam) is
+    estimated as the best one-relay route: summed latency, bottleneck bandwidth.
+    """
+    tab = _table(table)
+    known = list(tab["locations"])
+    for loc in locations:
+        if loc not in known:
+            raise ClusterError(f"unknown location {loc!r} in table {table!r} (known: {', '.join(known)})")
+    k = len(known)
+    idx = {name: i for i, name in enumerate(known)}
+    lat = np.full((k, k), np.nan)
+    bw = np.full((k, k), np.nan)
+    for link in tab["links"]:
+        a, b = idx[link["a"]], idx[link["b"]]
+        lat[a, b] = lat[b, a] = float(link["latency_ms"])
+        bw[a, b] = bw[b, a] = float(link["bandwidth_GBps"])
+    for a in range(k):
+        for b in range(a + 1, k):
+            if np.isnan(lat[a, b]):
+                relays = [r for r in range(k) if r not in (a, b) and not np.isnan(lat[a, r]) and not np.isnan(lat[r, b])]
+                if not relays:
+                    raise ClusterError(f"table {table!r} has no link or relay between {known[a]} and {known[b]}")
+                r = min(relays, key=lambda r: lat[a, r] + lat[r, b])
+                lat[a, b] = lat[b, a] = lat[a, r] + lat[r, b]
+                bw[a, b] = bw[b, a] = min(bw[a, r], bw[r, b])
+    same = tab["same_location"]
+    np.fill_diagonal(lat, float(same["latency_ms"]))
+    np.fill_diagonal(bw, float(same["bandwidth_GBps"]))
+    node_idx = [idx[loc] for loc in locations]
+    return lat[np.ix_(node_idx, node_idx)], bw[np.ix_(node_idx, node_idx)]
+
+
+def preset_cluster(table: str, setting: str, n: int) -> Cluster:
+    """N nodes placed round-robin over the locations of one of the table's settings."""
+    tab = _table(table)
+    if setting not in tab["settings"]:
+        raise ClusterError(f"unknown setting {setting!r} for table {table!r} (known: {', '.join(tab['settings'])})")
+    if n < 2:
+        raise ClusterError(f"a cluster needs at least 2 nodes, got {n}")
+    locs = list(tab["settings"][setting])
+    locations = [locs[i % len(locs)] for i in range(n)]
+    lat, bw = location_matrices(table, locations)
+    return Cluster(
+        name=f"{table}/{setting}/{n}",
+        n=n,
+        locations=locations,
+        latency_ms=lat,
+        bandwidth_GBps=bw,
+        t_layer_s=float(tab["compute_s_per_sample_per_layer"]),
+    )
+
+
+def parse_preset(spec: str) -> Cluster:
+    """``TABLE/SETTING/N``, e.g. ``gcp-2025/geo-distributed/20``."""
+    parts = spec.split("/")
+    if len(parts) != 3:
+        raise ClusterError(f"preset must look like TABLE/SETTING/N (e.g. gcp-2025/geo-distributed/20), got {spec!r}")
+    table, setting, n_text = parts
+    try:
+        n = int(n_text)
+    except ValueError:
+        raise ClusterError(f"preset node count must be an integer, got {n_text!r}") from None
+    return preset_cluster(table, setting, n)
+
+
+# ---------------------------------------------------------------------------------- files
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """Read a JSON or TOML file (by extension) into a dict, with one-line errors."""
+    p = Path(path)
+    if not p.is_file():
+        raise ClusterError(f"{p}: no such file")
+    text = p.read_text()
+    try:
+        if p.suffix.lower() == ".toml":
+            data = tomllib.loads(text)
+        else:
+            data = json.loads(text)
+    except (json.JSONDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ClusterError(f"{p}: not valid {'TOML' if p.suffix.lower() == '.toml' else 'JSON'}: {exc}") from None
+    if not isinstance(data, dict):
+        raise ClusterError(f"{p}: expected an object at the top level")
+    return data
+
+
+def _matrix(data: dict[str, Any], key: str, n: int | None, where: str) -> np.ndarray:
+    value = data[key]
+    try:
+        m = np.array(value, dtype=float)
+    except (TypeError, ValueError):
+        raise ClusterError(f"{where}: {key} must be a square matrix of numbers") from None
+    if m.ndim != 2 or m.shape[0] != m.shape[1]:
+        raise ClusterError(f"{where}: {key} must be a square N x N matrix, got shape {list(m.shape)}")
+    if n is not None and m.shape[0] != n:
+        raise ClusterError(f"{where}: {key} is {m.shape[0]} x {m.shape[0]} but the cluster has {n} nodes")
+    if not np.all(np.isfinite(m)):
+        raise ClusterError(f"{where}: {key} has non-finite entries")
+    if np.any(m < 0):
+        i, j = map(int, np.argwhere(m < 0)[0])
+        raise ClusterError(f"{where}: {key}[{i}][{j}] is negative ({m[i, j]})")
+    return m
+
+
+def _vector(data: dict[str, Any], key: str, n: int, where: str, positive: bool = True) -> np.ndarray:
+    value = data[key]
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        value = [value] * n
+    try:
+        v = np.array(value, dtype=float)
+    except (TypeError, ValueError):
+        raise ClusterError(f"{where}: {key} must be a number or a list of {n} numbers") from None
+    if v.ndim != 1 or v.shape[0] != n:
+        raise ClusterError(f"{where}: {key} must have one entry per node ({n}), got {v.size}")
+    if positive and np.any(~(v > 0)):
+        raise ClusterError(f"{where}: every {key} entry must be > 0")
+    return v
+
+
+KNOWN_KEYS = {
+    "name", "table", "locations", "latency_ms", "bandwidth_GBps", "transfer_s",
+    "compute_speed", "forward_s", "memory", "stages", "t_layer_s", "n", "description",
+}
+
+
+def cluster_from_dict(data: dict[str, Any], where: str = "cluster") -> Cluster:
+    unknown = sorted(set(data) - KNOWN_KEYS)
+    if unknown:
+        raise ClusterError(f"{where}: unknown key(s) {', '.join(unknown)} (known: {', '.join(sorted(KNOWN_KEYS))})")
+    sources = [k for k in ("locations", "latency_ms", "transfer_s") if k in data]
+    if "transfer_s" in data and ("latency_ms" in data or "locations" in data and "bandwidth_GBps" in data):
+        raise ClusterError(f"{where}: give either transfer_s or latency_ms/bandwidth_GBps, not both")
+    if not sources:
+        raise ClusterError(f"{where}: needs one of locations, latency_ms + bandwidth_GBps, or transfer_s")
+    name = str(data.get("name", where))
+    locations = data.get("locations")
+    latency = bandwidth = transfer = None
+    t_layer = data.get("t_layer_s")
+    if locations is not None:
+        if not isinstance(locations, list) or not all(isinstance(x, str) for x in locations):
+            raise ClusterError(f"{where}: locations must be a list of location names")
+    if "transfer_s" in data:
+        transfer = _matrix(data, "transfer_s", None, where)
+        n = transfer.shape[0]
+    elif "latency_ms" in data:
+        if "bandwidth_GBps" not in data:
+            raise ClusterError(f"{where}: latency_ms needs a bandwidth_GBps matrix beside it")
+        latency = _matrix(data, "latency_ms", None, where)
+        n = latency.shape[0]
+        bandwidth = _matrix(data, "bandwidth_GBps", n, where)
+        off = ~np.eye(n, dtype=bool)
+        if np.any(bandwidth[off] <= 0):
+            raise ClusterError(f"{where}: bandwidth_GBps must be > 0 between distinct nodes")
+    else:
+        table = data.get("table", "gcp-2025")
+        assert locations is not None
+        latency, bandwidth = location_matrices(table, locations)
+        n = len(locations)
+        if t_layer is None:
+            t_layer = float(_table(table)["compute_s_per_sample_per_layer"])
+    if locations is not None and len(locations) != n:
+        raise ClusterError(f"{where}: {len(locations)} locations for {n} nodes")
+    if n < 2:
+        raise ClusterError(f"{where}: a cluster needs at least 2 nodes, got {n}")
+    if "compute_speed" in data and "forward_s" in data:
+        raise ClusterError(f"{where}: give compute_speed or forward_s, not both")
+    speed = _vector(data, "compute_speed", n, where) if "compute_speed" in data else np.ones(n)
+    forward = _vector(data, "forward_s", n, where) if "forward_s" in data else None
+    memory = None
+    if "memory" in data:
+        mem = _vector(data, "memory", n, where)
+        if np.any(mem != np.round(mem)):
+            raise ClusterError(f"{where}: memory must be whole numbers of microbatches")
+        memory = mem.astype(int)
+    stages = None
+    if "stages" in data:
+        stages = data["stages"]
+        if not isinstance(stages, list) or not all(isinstance(s, list) and s for s in stages):
+            raise ClusterError(f"{where}: stages must be a list of non-empty lists of node ids")
+        stages = [[int(x) for x in s] for s in stages]
+    return Cluster(
+        name=name, n=n, locations=locations, latency_ms=latency, bandwidth_GBps=bandwidth,
+        transfer_s=transfer, compute_speed=speed, forward_s=forward, memory=memory,
+        stages=stages, t_layer_s=None if t_layer is None else float(t_layer),
+    )
+
+
+def load_cluster(spec: str) -> Cluster:
+    """A preset ``TABLE/SETTING/N``, a shipped example name, or a path to a JSON/TOML file."""
+    p = Path(spec)
+    if p.suffix.lower() in (".json", ".toml") or p.exists():
+        return cluster_from_dict(read_config_file(p), where=str(p))
+    examples = example_cluster_names()
+    if spec in examples:
+        text = resources.files("skippipe").joinpath(f"resources/examples/{spec}.json").read_text()
+        return cluster_from_dict(json.loads(text), where=spec)
+    if spec.count("/") == 2:
+        return parse_preset(spec)
+    raise ClusterError(
+        f"unknown cluster {spec!r}: give TABLE/SETTING/N (tables {', '.join(TABLE_NAMES)}; "
+        f"settings {', '.join(SETTING_NAMES)}), a shipped example ({', '.join(examples)}), or a .json/.toml file"
+    )
+
+
+def example_cluster_names() -> list[str]:
+    folder = resources.files("skippipe").joinpath("resources/examples")
+    return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".json"))
+
+
+# ---------------------------------------------------------------------------------- checks
+
+
+def _check_cluster(c: Cluster) -> None:
+    where = c.name
+    if c.stages is not None:
+        seen: set[int] = set()
+        for s in c.stages:
+            for node in s:
+                if not 0 <= node < c.n:
+                    raise ClusterError(f"{where}: stage node {node} is not a node id (0..{c.n - 1})")
+                if node in seen:
+                    raise ClusterError(f"{where}: node {node} appears in more than one stage")
+                seen.add(node)
+    if c.memory is not None and np.any(np.asarray(c.memory) < 1):
+        raise ClusterError(f"{where}: memory must be at least 1 microbatch on every node")

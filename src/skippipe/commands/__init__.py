@@ -1,0 +1,1 @@
+"""Sub-commands of the skippipe CLI, one module each."""
