@@ -377,6 +377,9 @@ def atomic_write_text(path: str | Path, text: str) -> None:
     p.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
     try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)  # mkstemp makes 0600; give the file normal permissions
         with os.fdopen(fd, "w") as fh:
             fh.write(text)
             fh.flush()

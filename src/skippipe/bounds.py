@@ -1,0 +1,202 @@
+"""Lower bounds on the iteration time of a plan (torch-free).
+
+compute bound
+    A node performs its operations one at a time with a gap after each, so no plan finishes
+    before its busiest node has done all its work: sum of its operation times plus the gaps
+    between them.
+
+memory floor (depends only on the allocation, not on the paths)
+    A data node with m microbatches and M activation slots holds a slot per microbatch from its
+    injection until its last backward; with at most M in flight, some ceil(m/M) of them run back
+    to back, each injected no sooner than ``op_gap_s`` after the previous one's last backward.
+    Each such round trip takes at least the data node's own work (F, L, B) plus the fastest
+    valid route through L-1 later stages (path rules CC2/CC3): every hop forward and back and
+    every forward and backward on the way; or, if longer, the gaps the data node keeps between
+    its F, L and B. The largest value over the data nodes bounds every plan on that allocation.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from hashlib import blake2b
+
+import numpy as np
+
+from skippipe.plan.model import Costs, Plan
+
+_CACHE: dict[bytes, float] = {}
+_CACHE_SIZE = 256
+
+
+def _node_load(plan: Plan) -> tuple[list[float], list[int], list[float]]:
+    """Per node: summed operation time, number of operations, summed gaps after them."""
+    c = plan.costs
+    fwd = np.asarray(c.forward_s, dtype=float)
+    n = plan.n_nodes
+    f_count = [0] * n  # forwards (incl. injections)
+    inject = [0] * n
+    loss = [0] * n
+    for mb in plan.microbatches:
+        inject[mb.data_node] += 1
+        loss[mb.data_node] += 1
+        for x in mb.path:
+            f_count[x] += 1
+    work, count, gaps = [], [], []
+    for x in range(n):
+        k = f_count[x] + inject[x]  # forwards == backwards
+        work.append(float(fwd[x] * (k * (1.0 + c.backward_factor) + loss[x] * c.loss_factor)))
+        count.append(2 * k + loss[x])
+        gaps.append(inject[x] * c.inject_gap_s + (2 * k + loss[x] - inject[x]) * c.op_gap_s)
+    return work, count, gaps
+
+
+def compute_bound(plan: Plan) -> float:
+    """The busiest node's compute time, plus the gaps it must keep between its operations."""
+    work, count, gaps = _node_load(plan)
+    g_max = max(plan.costs.inject_gap_s, plan.costs.op_gap_s)
+    best = 0.0
+    for w, k, g in zip(work, count, gaps):
+        if k:
+            best = max(best, w + max(0.0, g - g_max))
+    return best
+
+
+def _stage_moves(num_stages: int, max_jump: int):
+    """Successor states of the CC3 walk over stages.
+
+    A state is (stage, frontier, swap_open): swap_open says whether frontier - 1 is still
+    unvisited (a swap may go there). Yields (state, next_state, is_swap) for every state.
+    """
+
+    def succ(state):
+        s, f, open_ = state
+        for t in range(f + 1, min(num_stages - 1, f + 1 + max_jump) + 1):
+            yield (t, t, t - 1 > f), False
+        if open_ and s == f:
+            yield (f - 1, f, False), True
+
+    return succ
+
+
+def round_trip_chain(
+    stages: Sequence[Sequence[int]], costs: Costs, path_length: int, max_swaps: int, max_jump: int
+) -> dict[int, float]:
+    """Per data node: the least hop + path-compute time of a valid round trip.
+
+    Minimised over every stage sequence the path rules allow and every choice of nodes in those
+    stages: hops out and back (i -> j and j -> i) plus forward and backward on each path node.
+    """
+    T = np.asarray(costs.transfer_s, dtype=float)
+    fwd = np.asarray(costs.forward_s, dtype=float)
+    data = list(stages[0])
+    S = len(stages)
+    hops = path_length - 1
+    if hops <= 0:
+        return {d: 0.0 for d in data}
+    members = [np.asarray(s, dtype=int) for s in stages]
+    both = T + T.T
+    visit = fwd * (1.0 + costs.backward_factor)
+    W = both + visit[None, :]  # W[u, v]: hop u -> v and back, plus F and B on v
+    d_idx = np.asarray(data, dtype=int)
+    succ = _stage_moves(S, max_jump)
+
+    # frontier of the walk: (stage, frontier, swap_open, swaps) -> D x |stage| least cost
+    layer: dict[tuple[int, int, bool, int], np.ndarray] = {}
+    for (t, f, open_), _ in succ((0, 0, False)):
+        layer[(t, f, open_, 0)] = W[np.ix_(d_idx, members[t])]
+    for _ in range(hops - 1):
+        nxt: dict[tuple[int, int, bool, int], np.ndarray] = {}
+        for (s, f, open_, k), dist in layer.items():
+            for (t, f2, open2), is_swap in succ((s, f, open_)):
+                k2 = k + is_swap
+                if k2 > max_swaps:
+                    continue
+                step = W[np.ix_(members[s], members[t])]  # |s| x |t|
+                cand = _min_plus(dist, step)
+                key = (t, f2, open2, k2)
+                nxt[key] = cand if key not in nxt else np.minimum(nxt[key], cand)
+        layer = nxt
+    best = np.full(len(data), math.inf)
+    for (s, _f, _o, _k), dist in layer.items():
+        back = both[np.ix_(members[s], d_idx)].T  # D x |s|: last node -> data node and back
+        best = np.minimum(best, (dist + back).min(axis=1))
+    return {d: float(b) for d, b in zip(data, best)}
+
+
+def _min_plus(dist: np.ndarray, step: np.ndarray) -> np.ndarray:
+    """(D x a) min-plus (a x b) -> D x b."""
+    D, a = dist.shape
+    if a <= 16 or D * a * step.shape[1] <= 200_000:
+        return (dist[:, :, None] + step[None, :, :]).min(axis=1)
+    out = dist[:, 0, None] + step[0][None, :]
+    for u in range(1, a):  # accumulate over the middle index: D x b work per step, no a x b x D array
+        np.minimum(out, dist[:, u, None] + step[u][None, :], out=out)
+    return out
+
+
+def memory_floor(
+    stages: Sequence[Sequence[int]],
+    costs: Costs,
+    memory: int | Sequence[int],
+    microbatches_per_data_node: int | Mapping[int, int],
+    path_length: int,
+    max_swaps: int,
+    max_jump: int,
+) -> float:
+    """The memory floor of an allocation (see the module text); inf when no valid path exists."""
+    data = list(stages[0])
+    n = int(np.asarray(costs.forward_s).shape[0])
+    mem = [int(memory)] * n if isinstance(memory, (int, np.integer)) else [int(x) for x in memory]
+    if isinstance(microbatches_per_data_node, Mapping):
+        counts = {d: int(microbatches_per_data_node.get(d, 0)) for d in data}
+    else:
+        counts = {d: int(microbatches_per_data_node) for d in data}
+    chain = round_trip_chain(stages, costs, path_length, max_swaps, max_jump)
+    fwd = np.asarray(costs.forward_s, dtype=float)
+    floor = 0.0
+    for d in data:
+        m = counts[d]
+        if m <= 0:
+            continue
+        rounds = math.ceil(m / max(1, mem[d]))
+        own = float(fwd[d]) * (1.0 + costs.loss_factor + costs.backward_factor)
+        trip = own + max(chain[d], costs.inject_gap_s + costs.op_gap_s)
+        floor = max(floor, rounds * trip + (rounds - 1) * costs.op_gap_s)
+    return floor
+
+
+def plan_memory_floor(plan: Plan) -> float:
+    """The memory floor of the plan's allocation and microbatch counts (cached by content)."""
+    counts: dict[int, int] = {}
+    for mb in plan.microbatches:
+        counts[mb.data_node] = counts.get(mb.data_node, 0) + 1
+    c = plan.costs
+    k = plan.constraints
+    h = blake2b(digest_size=20)
+    h.update(np.ascontiguousarray(c.transfer_s, dtype=float).tobytes())
+    h.update(np.ascontiguousarray(c.forward_s, dtype=float).tobytes())
+    h.update(
+        repr(
+            (plan.stages, plan.memory, sorted(counts.items()), k.path_length, k.max_swaps, k.max_jump,
+             c.backward_factor, c.loss_factor, c.inject_gap_s, c.op_gap_s)
+        ).encode()
+    )
+    key = h.digest()
+    if key not in _CACHE:
+        if len(_CACHE) >= _CACHE_SIZE:
+            _CACHE.pop(next(iter(_CACHE)))
+        _CACHE[key] = memory_floor(plan.stages, c, plan.memory, counts, k.path_length, k.max_swaps, k.max_jump)
+    return _CACHE[key]
+
+
+def lower_bound(plan: Plan) -> float:
+    """max(compute bound, memory floor) for the plan's allocation.
+
+    The memory floor assumes every path visits ``path_length`` stages; for a plan that breaks
+    that rule only the compute bound is used.
+    """
+    hops = plan.constraints.path_length - 1
+    if any(len(mb.path) != hops for mb in plan.microbatches):
+        return compute_bound(plan)
+    return max(compute_bound(plan), plan_memory_floor(plan))

@@ -1,0 +1,131 @@
+"""``skippipe simulate PLAN``: simulate one iteration of a plan.
+
+Prints a table (per node: operations, busy, idle and waiting time), the makespan, the lower
+bound and their ratio; ``--json`` prints the same as JSON (with per-node intervals);
+``--gantt FILE.png`` draws the timeline. Exit code 0, or 1 when the plan cannot finish
+(memory deadlock); bad input exits 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from typing import Any
+
+from skippipe.bounds import compute_bound, plan_memory_floor
+from skippipe.errors import UserError
+from skippipe.plan.model import Plan, load_plan
+from skippipe.sim import SimResult, simulate
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("plan", help="plan file (JSON) written by `skippipe plan` or any tool")
+    parser.add_argument("--json", action="store_true", help="print machine-readable JSON instead of the table")
+    parser.add_argument("--gantt", metavar="FILE.png", help="draw the timeline as a Gantt chart PNG")
+    parser.add_argument(
+        "--fifo", action="store_true",
+        help="ignore the plan's processing order; every node serves first ready, first served",
+    )
+
+
+def _round(x: float, nd: int = 4) -> float | None:
+    return round(x, nd) if math.isfinite(x) else None
+
+
+def summary(plan: Plan, result: SimResult) -> dict[str, Any]:
+    """Everything the command reports, as plain data (the --json document)."""
+    stage_of = plan.stage_of()
+    end = result.makespan_s if result.finished else result.last_finish_s
+    per_node: dict[int, list[dict[str, Any]]] = {x: [] for x in range(plan.n_nodes)}
+    waits = [0.0] * plan.n_nodes
+    for op in result.ops:
+        per_node[op.node].append(
+            {"mb": op.mb, "kind": op.kind, "start": round(op.start, 4), "end": round(op.end, 4), "wait": round(op.start - op.ready, 4)}
+        )
+        waits[op.node] += op.start - op.ready
+    nodes = []
+    for x in range(plan.n_nodes):
+        busy = result.busy_s[x]
+        nodes.append(
+            {
+                "node": x, "stage": stage_of.get(x), "ops": len(per_node[x]), "busy_s": round(busy, 4),
+                "idle_s": round(max(0.0, end - busy), 4), "wait_s": round(waits[x], 4), "intervals": per_node[x],
+            }
+        )
+    mb_wait: dict[int, float] = {}
+    for op in result.ops:
+        mb_wait[op.mb] = mb_wait.get(op.mb, 0.0) + op.start - op.ready
+    lb = result.lower_bound_s
+    return {
+        "method": plan.method,
+        "n_nodes": plan.n_nodes,
+        "stages": plan.stages,
+        "microbatches": len(plan.microbatches),
+        "finished": result.finished,
+        "unfinished": result.unfinished,
+        "makespan_s": _round(result.makespan_s),
+        "last_finish_s": _round(result.last_finish_s),
+        "lower_bound_s": _round(lb),
+        "compute_bound_s": _round(compute_bound(plan)),
+        "memory_floor_s": _round(plan_memory_floor(plan)) if lb else None,
+        "ratio": _round(result.makespan_s / lb) if lb > 0 and result.finished else None,
+        "microbatch_wait_s": {str(k): round(v, 4) for k, v in sorted(mb_wait.items())},
+        "nodes": nodes,
+    }
+
+
+def format_table(doc: dict[str, Any], title: str) -> str:
+    lines = [title, f"{'node':>5} {'stage':>5} {'ops':>4} {'busy s':>8} {'idle s':>8} {'busy %':>7} {'wait s':>8}"]
+    end = doc["makespan_s"] if doc["finished"] else doc["last_finish_s"]
+    for row in doc["nodes"]:
+        pct = 100.0 * row["busy_s"] / end if end else 0.0
+        stage = "-" if row["stage"] is None else str(row["stage"])
+        lines.append(
+            f"{row['node']:>5} {stage:>5} {row['ops']:>4} {row['busy_s']:>8.2f} {row['idle_s']:>8.2f} {pct:>6.1f}% {row['wait_s']:>8.2f}"
+        )
+    lines.append("")
+    if doc["finished"]:
+        lines.append(f"makespan      {doc['makespan_s']:.2f} s")
+    else:
+        stuck = doc["unfinished"]
+        lines.append(
+            f"makespan      did not finish: {len(stuck)} microbatch(es) never finished their backward "
+            f"({', '.join(map(str, stuck[:10]))}{' ...' if len(stuck) > 10 else ''}); last finish {doc['last_finish_s']:.2f} s"
+        )
+    floor = doc["memory_floor_s"]
+    parts = f"compute bound {doc['compute_bound_s']:.2f} s" + (f", memory floor {floor:.2f} s" if floor is not None else "")
+    lines.append(f"lower bound   {doc['lower_bound_s']:.2f} s ({parts})")
+    if doc["ratio"] is not None:
+        lines.append(f"ratio         {doc['ratio']:.3f} (makespan / lower bound)")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.gantt and not str(args.gantt).lower().endswith(".png"):
+        raise UserError(f"{args.gantt}: the Gantt chart is written as PNG; give a file name ending in .png")
+    plan = load_plan(args.plan)
+    order = {} if args.fifo else None  # {} = no fixed order on any node
+    result = simulate(plan, processing_order=order, record=True)
+    doc = summary(plan, result)
+    if args.gantt:
+        from skippipe.viz import gantt
+
+        gantt(
+            result.ops, args.gantt, stages=plan.stages,
+            title=f"{args.plan}: {plan.method}, {doc['microbatches']} microbatches",
+            makespan_s=result.makespan_s if result.finished else None, lower_bound_s=result.lower_bound_s,
+        )
+    if args.json:
+        doc["plan"] = str(args.plan)
+        if args.gantt:
+            doc["gantt"] = str(args.gantt)
+        print(json.dumps(doc, indent=1))
+    else:
+        n_stages = len(plan.stages)
+        title = f"{args.plan}: method {plan.method}, {plan.n_nodes} nodes, {n_stages} stages, {doc['microbatches']} microbatches"
+        print(format_table(doc, title))
+        if args.gantt:
+            print(f"gantt chart   {args.gantt}")
+    return 0 if result.finished else 1
+

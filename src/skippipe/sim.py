@@ -1,0 +1,302 @@
+"""Discrete-event simulation of one training iteration of a plan (torch-free).
+
+Every microbatch runs this chain of operations (route ``d, p1, .., pk, d``)::
+
+    F@d  ->hop->  F@p1 ->hop-> .. F@pk ->hop->  L@d  ->hop->  B@pk ->hop-> .. B@p1 ->hop->  B@d
+
+``F`` costs ``forward_s[node]``, ``L`` (final norm + head + loss, on the data node)
+``loss_factor * forward_s``, ``B`` ``backward_factor * forward_s``; a hop i -> j takes
+``transfer_s[i][j]`` and occupies no node. The loss is a separate operation on the data node
+and the gradient travels back to the last path node: this is what the reference simulator does
+and what reproduces its figures (see docs/sections/simulator.md).
+
+Node service (the reference's rules): one operation at a time; after an injection (``F`` on the
+data node) the node idles ``inject_gap_s``, after any other operation ``op_gap_s``. A forward
+takes one of the node's ``memory`` activation slots, which the microbatch's backward on that node
+returns; a forward that finds no free slot waits (the data node's own in-flight microbatches use
+its slots too). When a node is free it serves, among the operations that have arrived, the one
+that arrived first (ties: backward, then loss, then forward, then lower microbatch id); an
+injection, which starts new work, is served only when no arrived in-flight operation can run.
+With a processing order a node performs its operations in exactly the given order instead.
+
+An injection becomes ready at the microbatch's ``release_s`` and, if it names ``after``, not
+before that microbatch's last backward has finished. The makespan is the time the last backward
+finishes on a data node. A plan that cannot finish (memory deadlock, a processing order that
+waits on itself) ends with ``finished=False``, the stuck microbatches listed in ``unfinished``
+and ``makespan_s = inf``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from heapq import heappop, heappush
+
+import numpy as np
+
+from skippipe.errors import PlanError
+from skippipe.plan.model import Plan, parse_op
+
+# operation kinds, as stored in the flat op tables
+_INJECT, _FWD, _LOSS, _BWD = 0, 1, 2, 3
+_KIND_CHAR = ("F", "F", "L", "B")
+# tie rank when two operations arrived at the same moment: backward, loss, forward first
+_RANK = (2, 2, 1, 0)
+
+
+@dataclass
+class OpRecord:
+    node: int
+    mb: int
+    kind: str  # 'F' | 'L' | 'B'
+    start: float
+    end: float
+    ready: float = math.nan  # when the operation could have started (arrived, released); wait = start - ready
+
+
+@dataclass
+class SimResult:
+    makespan_s: float  # last backward finished on any data node (inf when not finished)
+    finished: bool  # every microbatch finished its backward
+    unfinished: list[int]  # ids that never finished (deadlock / memory)
+    ops: list[OpRecord]  # empty when record=False
+    busy_s: list[float]  # per node compute time
+    lower_bound_s: float
+    last_finish_s: float = 0.0  # last backward finished, counting finished microbatches only
+    finish_s: dict[int, float] = field(default_factory=dict)  # microbatch id -> last backward end
+    _order: list[list[int]] = field(default_factory=list, repr=False)  # executed op indices per node
+    _tokens: list[str] = field(default_factory=list, repr=False)  # op index -> "F3" etc.
+
+    def processing_order(self) -> dict[int, list[str]]:
+        """Executed order per node, e.g. ``{3: ["F0", "F5", "B0", ...]}`` (nodes with work only)."""
+        tok = self._tokens
+        return {node: [tok[o] for o in ops] for node, ops in enumerate(self._order) if ops}
+
+    def idle_s(self) -> list[float]:
+        end = self.makespan_s if self.finished else self.last_finish_s
+        return [max(0.0, end - b) for b in self.busy_s]
+
+
+@dataclass
+class _Compiled:
+    """The plan flattened into per-operation lists (one entry per operation)."""
+
+    node: list[int]
+    dur: list[float]
+    hop: list[float]  # transfer time to the next operation's node
+    kind: list[int]
+    mb: list[int]  # microbatch index
+    token: list[str]
+    first: list[int]  # per microbatch: index of its injection
+    last: list[int]  # per microbatch: index of its final backward
+    ids: list[int]
+    release: list[float]
+    after: list[int]  # per microbatch: index it waits for, -1 for none
+    gap: list[float]  # per operation: idle time of its node afterwards
+
+
+def _compile(plan: Plan) -> _Compiled:
+    costs = plan.costs
+    fwd = np.asarray(costs.forward_s, dtype=float)
+    T = np.asarray(costs.transfer_s, dtype=float)
+    n = fwd.shape[0]
+    ids = [mb.id for mb in plan.microbatches]
+    index = {mb_id: i for i, mb_id in enumerate(ids)}
+    if len(index) != len(ids):
+        raise PlanError("simulate: microbatch ids must be unique")
+    node: list[int] = []
+    nxt: list[int] = []
+    kind: list[int] = []
+    first: list[int] = []
+    last: list[int] = []
+    sizes: list[int] = []
+    after: list[int] = []
+    for mb in plan.microbatches:
+        d = mb.data_node
+        path = list(mb.path)
+        k = len(path)
+        back = path[::-1]
+        first.append(len(node))
+        # F@d, F@path..., L@d, B@path reversed..., B@d
+        node += [d, *path, d, *back, d]
+        nxt += [*path, d, back[0] if k else d, *((back[1:] + [d]) if k else []), d]
+        kind += [_INJECT, *([_FWD] * k), _LOSS, *([_BWD] * (k + 1))]
+        last.append(len(node) - 1)
+        sizes.append(2 * k + 3)
+        if mb.after is None:
+            after.append(-1)
+        elif mb.after not in index:
+            raise PlanError(f"simulate: microbatch {mb.id} waits for microbatch {mb.after}, which does not exist")
+        else:
+            after.append(index[mb.after])
+    node_a = np.asarray(node, dtype=np.int64)
+    if node and (node_a.min() < 0 or node_a.max() >= n):
+        bad = next(mb.id for mb in plan.microbatches if any(not 0 <= x < n for x in (mb.data_node, *mb.path)))
+        raise PlanError(f"simulate: microbatch {bad} visits a node outside 0..{n - 1}")
+    kind_a = np.asarray(kind, dtype=np.int64)
+    mult = np.array([1.0, 1.0, float(costs.loss_factor), float(costs.backward_factor)])
+    gaps = np.array([float(costs.inject_gap_s)] + [float(costs.op_gap_s)] * 3)
+    mbl = np.repeat(np.arange(len(ids)), sizes).tolist()
+    token = [f"{_KIND_CHAR[k]}{ids[m]}" for k, m in zip(kind, mbl)]
+    return _Compiled(
+        node=node,
+        dur=(fwd[node_a] * mult[kind_a]).tolist() if node else [],
+        hop=T[node_a, np.asarray(nxt, dtype=np.int64)].tolist() if node else [],
+        kind=kind, mb=mbl, token=token, first=first, last=last, ids=ids,
+        release=[float(mb.release_s) for mb in plan.microbatches], after=after,
+        gap=gaps[kind_a].tolist() if node else [],
+    )
+
+
+def _order_lists(c: _Compiled, n: int, order: dict[int, list[str]]) -> list[list[int] | None]:
+    """Processing order tokens -> per-node lists of operation indices (None: serve FIFO)."""
+    by_token: list[dict[str, int]] = [{} for _ in range(n)]
+    for o, (x, tok) in enumerate(zip(c.node, c.token)):
+        by_token[x][tok] = o
+    out: list[list[int] | None] = [None] * n
+    for key, ops in order.items():
+        x = int(key)
+        if not 0 <= x < n:
+            raise PlanError(f"simulate: processing order names node {x}, but nodes are 0..{n - 1}")
+        want = by_token[x]
+        seq = []
+        for tok in ops:
+            parse_op(tok)
+            if tok not in want:
+                raise PlanError(f"simulate: processing order of node {x} lists {tok}, which node {x} does not perform")
+            seq.append(want[tok])
+        if len(set(seq)) != len(seq) or len(seq) != len(want):
+            missing = sorted(set(want) - set(ops))
+            raise PlanError(
+                f"simulate: processing order of node {x} must list each of its {len(want)} operations once"
+                + (f" (missing {missing[:4]})" if missing else " (duplicates)")
+            )
+        out[x] = seq
+    return out
+
+
+def simulate(
+    plan: Plan,
+    processing_order: dict[int, list[str]] | None = None,
+    record: bool = True,
+    bound: bool = True,
+) -> SimResult:
+    """Simulate one iteration of ``plan``.
+
+    ``processing_order`` None uses ``plan.processing_order`` if set, else first-ready-first-
+    served; a node missing from the order is served first-ready-first-served. ``record=False``
+    skips the per-operation records (the fast mode for search loops); ``bound=False`` skips the
+    lower bound (``lower_bound_s`` is then 0.0).
+    """
+    c = _compile(plan)
+    n = plan.n_nodes
+    order = processing_order if processing_order is not None else plan.processing_order
+    fixed = _order_lists(c, n, order) if order else [None] * n
+
+    node, dur, hop, kind, mbl, gap = c.node, c.dur, c.hop, c.kind, c.mb, c.gap
+    last = c.last
+    slots = [int(m) for m in plan.memory]
+    busy = [0.0] * n
+    done_order: list[list[int]] = [[] for _ in range(n)]
+    fq: list[list[tuple]] = [[] for _ in range(n)]  # arrived forwards (need a slot)
+    oq: list[list[tuple]] = [[] for _ in range(n)]  # arrived loss / backward
+    arrived = [False] * len(node)
+    pos = [0] * n  # next index into a fixed order
+    has_event = [False] * n  # a free/dispatch event is pending for the node
+    finish = [-1.0] * len(c.ids)
+    start = [-1.0] * len(node)
+    ready = [-1.0] * len(node)
+    ids = c.ids
+    waiters: dict[int, list[int]] = {}
+    events: list[tuple] = []  # (time, 0 = arrival | 1 = node free, op or node)
+
+    for i, (rel, dep) in enumerate(zip(c.release, c.after)):
+        if dep < 0:
+            heappush(events, (rel, 0, c.first[i]))
+        else:
+            waiters.setdefault(dep, []).append(i)
+
+    while events:
+        t, typ, x = heappop(events)
+        if typ == 0:  # operation x arrives at its node
+            nd = node[x]
+            ready[x] = t
+            k = kind[x]
+            if fixed[nd] is not None:
+                arrived[x] = True
+            elif k == _INJECT:  # new work waits behind arrived in-flight work
+                heappush(fq[nd], (1, t, 3, ids[mbl[x]], x))
+            elif k == _FWD:
+                heappush(fq[nd], (0, t, 2, ids[mbl[x]], x))
+            else:
+                heappush(oq[nd], (0, t, _RANK[k], ids[mbl[x]], x))
+            if not has_event[nd]:
+                has_event[nd] = True
+                heappush(events, (t, 1, nd))
+            continue
+
+        nd = x  # node nd is free at t: pick its next operation
+        has_event[nd] = False
+        seq = fixed[nd]
+        if seq is not None:
+            p = pos[nd]
+            if p >= len(seq):
+                continue
+            o = seq[p]
+            if not arrived[o] or (kind[o] <= _FWD and slots[nd] <= 0):
+                continue  # wait for its arrival (or, deadlocked, for a slot that never frees)
+            pos[nd] = p + 1
+        else:
+            f, q = fq[nd], oq[nd]
+            if f and slots[nd] > 0 and (not q or f[0] < q[0]):
+                o = heappop(f)[4]
+            elif q:
+                o = heappop(q)[4]
+            else:
+                continue
+        k = kind[o]
+        if k <= _FWD:
+            slots[nd] -= 1
+        elif k == _BWD:
+            slots[nd] += 1
+        end = t + dur[o]
+        start[o] = t
+        busy[nd] += dur[o]
+        done_order[nd].append(o)
+        if o == last[mbl[o]]:
+            m = mbl[o]
+            finish[m] = end
+            for w in waiters.pop(m, ()):
+                heappush(events, (max(c.release[w], end), 0, c.first[w]))
+        else:
+            heappush(events, (end + hop[o], 0, o + 1))
+        has_event[nd] = True
+        heappush(events, (end + gap[o], 1, nd))
+
+    unfinished = [c.ids[i] for i, f in enumerate(finish) if f < 0]
+    done = [f for f in finish if f >= 0]
+    last_finish = max(done) if done else 0.0
+    ops: list[OpRecord] = []
+    if record:
+        ops = [
+            OpRecord(nd, ids[mbl[o]], _KIND_CHAR[kind[o]], start[o], start[o] + dur[o], ready[o])
+            for nd, nd_ops in enumerate(done_order)
+            for o in nd_ops
+        ]
+    lb = 0.0
+    if bound:
+        from skippipe.bounds import lower_bound
+
+        lb = lower_bound(plan)
+    return SimResult(
+        makespan_s=last_finish if not unfinished else math.inf,
+        finished=not unfinished,
+        unfinished=unfinished,
+        ops=ops,
+        busy_s=busy,
+        lower_bound_s=lb,
+        last_finish_s=last_finish,
+        finish_s={c.ids[i]: f for i, f in enumerate(finish) if f >= 0},
+        _order=done_order,
+        _tokens=c.token,
+    )

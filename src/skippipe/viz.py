@@ -1,0 +1,159 @@
+"""Charts as PNG files (matplotlib, Agg backend): a Gantt chart of one iteration and bar charts.
+
+The Gantt chart takes any sequence of records with ``node``, ``mb``, ``kind`` ('F', 'L', 'B'),
+``start`` and ``end`` - the ``OpRecord`` list of a simulation or a timeline measured by the
+runtime. matplotlib is imported only when a chart is drawn.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from skippipe.errors import UserError
+
+KIND_COLORS = {"F": "#4C72B0", "L": "#DD8452", "B": "#55A868"}
+KIND_NAMES = {"F": "forward", "L": "head + loss", "B": "backward"}
+
+
+class _Op(Protocol):
+    node: int
+    mb: int
+    kind: str
+    start: float
+    end: float
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig: Any, path: str | Path) -> Path:
+    """Write the figure atomically (temporary file in the same folder, then rename)."""
+    p = Path(path)
+    if p.suffix.lower() != ".png":
+        raise UserError(f"{p}: charts are written as PNG; give a file name ending in .png")
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".png", dir=p.parent)
+    os.close(fd)
+    try:
+        fig.savefig(tmp, dpi=fig.dpi, bbox_inches="tight")
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600 files; give the usual permissions
+        os.replace(tmp, p)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return p
+
+
+def gantt(
+    ops: Sequence[_Op],
+    path: str | Path,
+    stages: Sequence[Sequence[int]] | None = None,
+    title: str | None = None,
+    makespan_s: float | None = None,
+    lower_bound_s: float | None = None,
+    label_min_s: float | None = None,
+) -> Path:
+    """One row per node (grouped by stage, stage 0 on top), one bar per operation.
+
+    Bars are coloured by kind (forward, head + loss, backward) and labelled with the microbatch
+    id where they are wide enough; dashed lines mark the makespan and the lower bound.
+    """
+    plt = _pyplot()
+    if stages is None:
+        rows = sorted({op.node for op in ops})
+        labels = [f"node {x}" for x in rows]
+    else:
+        rows = [x for s in stages for x in s]
+        labels = [f"S{si} · node {x}" for si, s in enumerate(stages) for x in s]
+    row_of = {x: i for i, x in enumerate(rows)}
+    end = max([op.end for op in ops] + [makespan_s or 0.0, lower_bound_s or 0.0, 1e-9])
+    label_min = label_min_s if label_min_s is not None else end / 90
+    height = max(3.0, 0.32 * len(rows) + 1.2)
+    fig, ax = plt.subplots(figsize=(14, height), dpi=110)
+    spans: dict[tuple[str, int], list[tuple[float, float]]] = {}
+    for op in ops:
+        if op.node in row_of:
+            spans.setdefault((op.kind, row_of[op.node]), []).append((op.start, op.end - op.start))
+    for (kind, y), xs in spans.items():
+        ax.broken_barh(xs, (y - 0.4, 0.8), facecolors=KIND_COLORS.get(kind, "#8172B3"), edgecolors="white", linewidth=0.4)
+    for kind, color in KIND_COLORS.items():
+        ax.bar(0, 0, color=color, label=KIND_NAMES[kind])  # legend entry
+    for op in ops:
+        if op.node in row_of and op.end - op.start >= label_min:
+            ax.text((op.start + op.end) / 2, row_of[op.node], str(op.mb), ha="center", va="center", fontsize=6, color="white")
+    if stages is not None:
+        edge = 0
+        for s in stages[:-1]:
+            edge += len(s)
+            ax.axhline(edge - 0.5, color="#999999", linewidth=0.6)
+    if makespan_s is not None:
+        ax.axvline(makespan_s, color="#C44E52", linestyle="--", linewidth=1.2, label=f"makespan {makespan_s:.2f} s")
+    if lower_bound_s is not None and lower_bound_s > 0:
+        ax.axvline(lower_bound_s, color="#555555", linestyle=":", linewidth=1.2, label=f"lower bound {lower_bound_s:.2f} s")
+    ax.set_yticks(range(len(rows)))
+    ax.set_yticklabels(labels, fontsize=7)
+    ax.set_ylim(len(rows) - 0.5, -0.5)
+    ax.set_xlim(0, end * 1.02)
+    ax.set_xlabel("seconds")
+    ax.grid(axis="x", color="#dddddd", linewidth=0.5)
+    ax.set_axisbelow(True)
+    if title:
+        ax.set_title(title)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.08), ncol=5, fontsize=8, frameon=False)
+    try:
+        return _save(fig, path)
+    finally:
+        plt.close(fig)
+
+
+def bar_chart(
+    labels: Sequence[str],
+    values: Sequence[float],
+    path: str | Path,
+    title: str | None = None,
+    ylabel: str = "seconds per iteration",
+    lines: Mapping[str, float] | None = None,
+    colors: Sequence[str] | None = None,
+    value_format: str = "{:.1f}",
+) -> Path:
+    """Vertical bars with their values printed on top; ``lines`` adds labelled horizontal lines
+    (e.g. a lower bound). Non-finite values are drawn as empty bars marked 'n/a'."""
+    import math
+
+    plt = _pyplot()
+    if len(labels) != len(values):
+        raise ValueError("bar_chart: labels and values differ in length")
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.1 * len(labels) + 2), 4.2), dpi=110)
+    finite = [v if math.isfinite(v) else 0.0 for v in values]
+    bars = ax.bar(range(len(labels)), finite, color=list(colors) if colors else "#4C72B0")
+    top = max(finite + list((lines or {}).values()) + [1e-9])
+    for bar, v in zip(bars, values):
+        text = value_format.format(v) if math.isfinite(v) else "n/a"
+        ax.text(bar.get_x() + bar.get_width() / 2, bar.get_height() + top * 0.01, text, ha="center", va="bottom", fontsize=8)
+    for i, (name, y) in enumerate((lines or {}).items()):
+        ax.axhline(y, color=("#C44E52", "#555555", "#8172B3")[i % 3], linestyle="--", linewidth=1, label=f"{name} {value_format.format(y)}")
+    if lines:
+        ax.legend(fontsize=8, frameon=False)
+    ax.set_xticks(range(len(labels)))
+    ax.set_xticklabels(labels, rotation=20, ha="right", fontsize=8)
+    ax.set_ylabel(ylabel)
+    ax.set_ylim(0, top * 1.12)
+    if title:
+        ax.set_title(title)
+    try:
+        return _save(fig, path)
+    finally:
+        plt.close(fig)

@@ -1,0 +1,111 @@
+"""`skippipe simulate`: table, JSON, Gantt chart, errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from skippipe.cli import main
+from skippipe.plan.model import Constraints, Costs, Microbatch, Plan, save_plan
+from skippipe.reference import reference_plan
+from skippipe.sim import simulate
+
+
+@pytest.fixture
+def plan_file(tmp_path):
+    path = tmp_path / "shipped-ca.json"
+    save_plan(reference_plan("shipped", "ca"), path)
+    return path
+
+
+def test_table(plan_file, capsys):
+    assert main(["simulate", str(plan_file)]) == 0
+    out = capsys.readouterr().out
+    expect = simulate(reference_plan("shipped", "ca"))
+    assert f"makespan      {expect.makespan_s:.2f} s" in out
+    assert f"lower bound   {expect.lower_bound_s:.2f} s" in out
+    assert f"ratio         {expect.makespan_s / expect.lower_bound_s:.3f}" in out
+    assert len([ln for ln in out.splitlines() if ln.strip()[:1].isdigit()]) == 20  # one row per node
+
+
+def test_json_and_gantt(plan_file, tmp_path, capsys):
+    png = tmp_path / "out" / "gantt.png"
+    assert main(["simulate", str(plan_file), "--json", "--gantt", str(png)]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    expect = simulate(reference_plan("shipped", "ca"))
+    assert doc["makespan_s"] == pytest.approx(expect.makespan_s, abs=1e-4)
+    assert doc["lower_bound_s"] == pytest.approx(expect.lower_bound_s, abs=1e-4)
+    assert doc["finished"] is True and doc["unfinished"] == []
+    node0 = doc["nodes"][0]
+    assert node0["ops"] == 18 and {iv["kind"] for iv in node0["intervals"]} == {"F", "L", "B"}
+    ends = [iv["end"] for row in doc["nodes"] for iv in row["intervals"]]
+    assert max(ends) == pytest.approx(doc["makespan_s"], abs=1e-3)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _deadlock_plan(tmp_path):
+    t = np.ones((4, 4)) - np.eye(4)
+    plan = Plan(
+        stages=[[0, 1], [2], [3]], layers=[[0], [1], [2]], memory=[3, 3, 1, 1],
+        constraints=Constraints(path_length=3, max_swaps=1, max_jump=4),
+        costs=Costs(transfer_s=t, forward_s=np.ones(4)),
+        microbatches=[Microbatch(0, 0, [2, 3]), Microbatch(1, 1, [3, 2])],
+    )
+    path = tmp_path / "deadlock.json"
+    save_plan(plan, path)
+    return path
+
+
+def test_deadlock_exit_code_and_json_null(tmp_path, capsys):
+    path = _deadlock_plan(tmp_path)
+    assert main(["simulate", str(path)]) == 1
+    assert "did not finish" in capsys.readouterr().out
+    assert main(["simulate", str(path), "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)  # strict JSON: no Infinity
+    assert doc["makespan_s"] is None and doc["unfinished"] == [0, 1]
+
+
+def test_fifo_ignores_processing_order(tmp_path, capsys):
+    plan = reference_plan("shipped", "ca")
+    order = simulate(plan).processing_order()
+    assert order[0][:2] == ["F0", "F2"]
+    order[0][:2] = ["F2", "F0"]  # inject the second copy first
+    plan.processing_order = order
+    path = tmp_path / "ordered.json"
+    save_plan(plan, path)
+    assert main(["simulate", str(path), "--json"]) == 0
+    ordered = json.loads(capsys.readouterr().out)
+    assert main(["simulate", str(path), "--json", "--fifo"]) == 0
+    fifo = json.loads(capsys.readouterr().out)
+    assert [iv["mb"] for iv in ordered["nodes"][0]["intervals"][:2]] == [2, 0]
+    assert [iv["mb"] for iv in fifo["nodes"][0]["intervals"][:2]] == [0, 2]
+    assert fifo["makespan_s"] == pytest.approx(simulate(reference_plan("shipped", "ca")).makespan_s, abs=1e-4)
+
+
+@pytest.mark.parametrize(
+    "content, extra, message",
+    [
+        (None, [], "no such plan file"),
+        ('{"version": 1, "stages": [[0', [], "not valid JSON"),
+        ('{"version": 1}', [], "missing required key"),
+        ("ok", ["--gantt", "chart.jpg"], "PNG"),
+    ],
+)
+def test_bad_input_one_line_exit_2(tmp_path, plan_file, content, extra, message):
+    if content == "ok":
+        path = plan_file
+    else:
+        path = tmp_path / "plan.json"
+        if content is not None:
+            path.write_text(content)
+    proc = subprocess.run(
+        [sys.executable, "-m", "skippipe.cli", "simulate", str(path), *extra], capture_output=True, text=True
+    )
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0] and "Traceback" not in proc.stderr
+    assert not (tmp_path / "chart.jpg").exists()
