@@ -1,0 +1,218 @@
+"""Baseline plans: the full pipeline of DT-FM (``full``) and random skipping (``random``).
+
+``full``: fixed chains with one node per stage; every microbatch visits every stage in order.
+Chains are built stage by stage with a bottleneck matching between consecutive stages (the
+slowest hop as small as it can be, then the total), and closed by matching each chain to a data
+node on its two data-node links. Only as many data nodes as there are chains inject (|P1| with
+the usual sizes), and the D*m microbatches of all D data nodes are spread over them, so an
+iteration processes as many samples as a skipping plan.
+
+``random``: every data node sends its m microbatches along random paths that obey the path
+rules (CC1-CC3) and the TC1 caps ``problem.load_caps``, ignoring the network.
+
+Both allocate the nodes to stages (``allocate``) unless given ``stages``. Torch-free.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from skippipe.errors import UserError
+from skippipe.plan.allocate import allocate, bottleneck_matching
+from skippipe.plan.model import Microbatch, Plan
+from skippipe.plan.problem import Problem
+from skippipe.plan.validate import path_rule_violation
+
+
+def _links(problem: Problem) -> np.ndarray:
+    t = np.asarray(problem.transfer_s, dtype=float)
+    return np.maximum(t, t.T)  # activations go one way, gradients the other
+
+
+def _check_stages(problem: Problem, stages: list[list[int]]) -> None:
+    if len(stages) != problem.num_stages:
+        raise UserError(f"the allocation has {len(stages)} stages but the workload has {problem.num_stages}")
+    nodes = sorted(x for s in stages for x in s)
+    if nodes != list(range(problem.n)) or any(not s for s in stages):
+        raise UserError(f"the allocation must put each of the {problem.n} nodes in exactly one non-empty stage")
+
+
+# ------------------------------------------------------------------------------ full pipeline
+
+
+def full_chains(problem: Problem, stages: list[list[int]]) -> list[list[int]]:
+    """Chains [data node, stage-1 node, ..., stage-(S-1) node], as many as the smallest stage.
+
+    Consecutive stages are joined by bottleneck matchings; a larger stage leaves the nodes the
+    matching does not use idle. The chains are then matched to data nodes by the cost of the
+    two hops a microbatch makes between its data node and the chain (out to stage 1, back from
+    stage S-1), bottleneck first.
+    """
+    links = _links(problem)
+    chains = [[int(x)] for x in stages[1]]
+    for nodes in stages[2:]:
+        ends = np.array([c[-1] for c in chains])
+        rows, cols, _ = bottleneck_matching(links[ends[:, None], np.array(nodes)])
+        chains = [chains[r] + [int(nodes[c])] for r, c in zip(rows, cols)]
+    data = np.array(stages[0])
+    first = np.array([c[0] for c in chains])
+    last = np.array([c[-1] for c in chains])
+    close = links[data[:, None], first[None, :]] + links[last[None, :], data[:, None]]
+    rows, cols, _ = bottleneck_matching(close)
+    out = [[int(data[r]), *chains[c]] for r, c in zip(rows, cols)]
+    return sorted(out)
+
+
+def full_plan(problem: Problem, stages: list[list[int]] | None = None, seed: int = 0) -> Plan:
+    """The DT-FM full pipeline: path length S, no swaps, the same samples per iteration."""
+    if stages is None:
+        stages = allocate(problem, seed=seed)
+    _check_stages(problem, stages)
+    chains = full_chains(problem, stages)
+    d, m = len(stages[0]), problem.workload.microbatches_per_data_node
+    total = d * m
+    per_chain = [total // len(chains) + (1 if j < total % len(chains) else 0) for j in range(len(chains))]
+    mbs: list[Microbatch] = []
+    load = [0] * problem.n
+    for chain, count in zip(chains, per_chain):
+        for _ in range(count):
+            mbs.append(Microbatch(id=len(mbs), data_node=chain[0], path=list(chain[1:])))
+            for node in chain:
+                load[node] += 1
+    return problem.make_plan(
+        stages, mbs, method="full", seed=seed, path_length=len(stages), max_swaps=0, max_load=load,
+        meta={"chains": chains, "injecting_data_nodes": [c[0] for c in chains]},
+    )
+
+
+# ------------------------------------------------------------------------------ random skipping
+
+
+def random_plan(problem: Problem, stages: list[list[int]] | None = None, seed: int = 0) -> Plan:
+    """Random paths under CC1-CC3 and the TC1 caps, ignoring the network."""
+    if stages is None:
+        stages = allocate(problem, seed=seed)
+    _check_stages(problem, stages)
+    rng = np.random.default_rng(seed)
+    w = problem.workload
+    caps = problem.load_caps(stages)
+    owners = [d for d in stages[0] for _ in range(w.microbatches_per_data_node)]
+    order = rng.permutation(len(owners))  # draw the paths in a random order of microbatches
+    stage_paths = _random_stage_paths(problem, stages, caps, len(owners), rng)
+    node_left = {x: caps[x] for s in stages[1:] for x in s}
+    paths: list[list[int]] = [[] for _ in owners]
+    for k, idx in enumerate(order):
+        path = []
+        for s in stage_paths[k]:
+            nodes = [x for x in stages[s] if node_left[x] > 0]
+            weights = np.array([node_left[x] for x in nodes], dtype=float)
+            x = int(nodes[rng.choice(len(nodes), p=weights / weights.sum())])
+            node_left[x] -= 1
+            path.append(x)
+        paths[idx] = path
+    mbs = [Microbatch(id=i, data_node=int(d), path=p) for i, (d, p) in enumerate(zip(owners, paths))]
+    return problem.make_plan(stages, mbs, method="random", seed=seed)
+
+
+def _random_stage_paths(
+    problem: Problem, stages: list[list[int]], caps: list[int], count: int, rng: np.random.Generator
+) -> list[list[int]]:
+    """``count`` stage sequences (stages after 0), each valid under CC2/CC3, that together
+    visit every stage no more often than its nodes' caps allow.
+
+    A random draw ignoring the caps gives target counts per set of stages; an integer program
+    then finds the counts closest to the target (L1) that the caps allow, which are dealt to
+    the microbatches in random order and put in random valid orders (swaps).
+    """
+    w = problem.workload
+    hops = w.path_length - 1
+    num = len(stages)
+    if hops == 0:
+        return [[] for _ in range(count)]
+    cap = np.array([sum(caps[x] for x in stages[s]) for s in range(1, num)], dtype=float)
+    kinds = list(_valid_subsets(list(range(1, num)), hops, w.max_jump, limit=_MAX_KINDS + 1))
+    if not kinds:
+        raise UserError(f"no path of L={w.path_length} stages satisfies the path rules (CC2/CC3) with S={num}")
+    if len(kinds) > _MAX_KINDS:
+        raise UserError(f"random plans support at most {_MAX_KINDS} stage sets per path; use fewer stages or a longer max_jump")
+    # the target: each microbatch picks a set of stages at random, weighted by stage capacity
+    weight = np.array([np.prod([cap[s - 1] for s in kind]) for kind in kinds], dtype=float)
+    weight = weight / weight.sum() if weight.sum() > 0 else np.full(len(kinds), 1.0 / len(kinds))
+    target = np.bincount(rng.choice(len(kinds), size=count, p=weight), minlength=len(kinds))
+    counts = _closest_counts(kinds, target, cap, count, num)
+    if counts is None:
+        raise UserError(
+            f"the TC1 caps of stages 1..{num - 1} ({cap.astype(int).tolist()}) cannot carry {count} microbatches "
+            f"visiting {hops} of them each under the path rules"
+        )
+    dealt = [kind for kind, k in zip(kinds, counts) for _ in range(k)]
+    order = rng.permutation(len(dealt))
+    return [_random_order(list(dealt[i]), w.max_swaps, w.max_jump, rng) for i in order]
+
+
+_MAX_KINDS = 20_000
+
+
+def _closest_counts(
+    kinds: list[tuple[int, ...]], target: np.ndarray, cap: np.ndarray, count: int, num: int
+) -> list[int] | None:
+    """Integer counts per stage set, summing to ``count`` within the stage capacities, with the
+    least L1 distance to ``target`` (None when no counts fit)."""
+    from scipy.optimize import Bounds, LinearConstraint, milp
+
+    k = len(kinds)
+    member = np.zeros((num - 1, k))
+    for j, kind in enumerate(kinds):
+        member[[s - 1 for s in kind], j] = 1.0
+    eye = np.eye(k)
+    # variables: x (counts) then d (|x - target|)
+    constraints = [
+        LinearConstraint(np.hstack([np.ones((1, k)), np.zeros((1, k))]), count, count),
+        LinearConstraint(np.hstack([member, np.zeros((num - 1, k))]), -np.inf, cap),
+        LinearConstraint(np.hstack([eye, -eye]), -np.inf, target),  # x - d <= target
+        LinearConstraint(np.hstack([-eye, -eye]), -np.inf, -target),  # -x - d <= -target
+    ]
+    cost = np.concatenate([np.zeros(k), np.ones(k)])
+    res = milp(cost, constraints=constraints, integrality=np.concatenate([np.ones(k), np.zeros(k)]),
+               bounds=Bounds(0, np.inf))
+    if res.status != 0 or res.x is None:
+        return None
+    return [int(round(v)) for v in res.x[:k]]
+
+
+def _valid_subsets(stages: list[int], hops: int, max_jump: int, limit: int | None = None):
+    """Ascending stage subsets whose jumps stay within max_jump (depth-first)."""
+    found = 0
+
+    def rec(start: int, frontier: int, chosen: list[int]):
+        nonlocal found
+        if limit is not None and found >= limit:
+            return
+        if len(chosen) == hops:
+            found += 1
+            yield tuple(chosen)
+            return
+        for i in range(start, len(stages)):
+            s = stages[i]
+            if s - frontier - 1 > max_jump:
+                break
+            yield from rec(i + 1, s, chosen + [s])
+
+    yield from rec(0, 0, [])
+
+
+def _random_order(ascending: list[int], max_swaps: int, max_jump: int, rng: np.random.Generator) -> list[int]:
+    """The ascending stage list with up to ``max_swaps`` random swaps of neighbours that the
+    path rules allow (each applied with probability 1/2)."""
+    seq = list(ascending)
+    for _ in range(max_swaps):
+        if rng.random() < 0.5:
+            continue
+        options = []
+        for i in range(len(seq) - 1):
+            trial = seq[:i] + [seq[i + 1], seq[i]] + seq[i + 2 :]
+            if path_rule_violation(trial, max_swaps, max_jump) is None:
+                options.append(trial)
+        if options:
+            seq = options[int(rng.integers(len(options)))]
+    return seq

@@ -1,0 +1,122 @@
+"""The planning methods by name, and ``make_plan``: plan, simulate, record the prediction.
+
+``METHODS`` maps a method name to ``planner(problem, seed, time_limit_s) -> Plan``:
+
+- ``full``             DT-FM full pipeline (``baselines.full_plan``)
+- ``random``           random skipping under CC1-CC3 and TC1 (``baselines.random_plan``)
+- ``skippipe-no-tc2``  SkipPipe paths without collision awareness (``route.plan_no_tc2``)
+- ``skippipe``         SkipPipe with collision-aware paths (``route.plan_skippipe``)
+
+The SkipPipe planners are imported only when used. Torch-free.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import math
+import time
+from collections.abc import Callable
+
+from skippipe.errors import UserError
+from skippipe.plan.baselines import full_plan, random_plan
+from skippipe.plan.model import Plan
+from skippipe.plan.problem import Problem
+
+Planner = Callable[[Problem, int, "float | None"], Plan]
+
+# a random draw can deadlock under tight memory (two swapped paths waiting on each other's
+# node); the random method then draws again with the next sub-seed, this many times at most
+RANDOM_DRAWS = 8
+
+
+def _full(problem: Problem, seed: int, time_limit_s: float | None) -> Plan:
+    return full_plan(problem, stages=_stages(problem, seed, time_limit_s), seed=seed)
+
+
+def _random(problem: Problem, seed: int, time_limit_s: float | None) -> Plan:
+    stages = _stages(problem, seed, time_limit_s)
+    plan = random_plan(problem, stages=stages, seed=seed)
+    for draw in range(1, RANDOM_DRAWS):
+        if _simulate(plan).finished:
+            break
+        plan = random_plan(problem, stages=stages, seed=seed * RANDOM_DRAWS + draw)
+        plan.seed = seed
+        plan.meta["draw"] = draw
+    return plan
+
+
+def _stages(problem: Problem, seed: int, time_limit_s: float | None) -> list[list[int]]:
+    from skippipe.plan.allocate import allocate
+
+    return allocate(problem, seed=seed, time_limit_s=time_limit_s)
+
+
+def _lazy(method: str, module: str, name: str) -> Planner:
+    def planner(problem: Problem, seed: int, time_limit_s: float | None) -> Plan:
+        try:
+            func = getattr(importlib.import_module(module), name)
+        except ModuleNotFoundError as exc:
+            if exc.name != module:
+                raise
+            raise UserError(f"method {planner.__name__!r} is not available: {module} is not installed") from None
+        except AttributeError:
+            raise UserError(f"method {planner.__name__!r} is not available: {module} has no {name}") from None
+        return func(problem, seed=seed, time_limit_s=time_limit_s)
+
+    planner.__name__ = method
+    return planner
+
+
+METHODS: dict[str, Planner] = {
+    "full": _full,
+    "random": _random,
+    "skippipe-no-tc2": _lazy("skippipe-no-tc2", "skippipe.plan.route", "plan_no_tc2"),
+    "skippipe": _lazy("skippipe", "skippipe.plan.route", "plan_skippipe"),
+}
+
+
+def method_names() -> list[str]:
+    return list(METHODS)
+
+
+def with_allocation(problem: Problem, stages: list[list[int]]) -> Problem:
+    """The same problem with the node -> stage allocation fixed to ``stages`` (every method
+    then plans on it, as with a cluster file that names its stages)."""
+    cluster = dataclasses.replace(problem.cluster, stages=[list(map(int, s)) for s in stages])
+    return dataclasses.replace(problem, cluster=cluster, stage_sizes=[len(s) for s in stages])
+
+
+def _simulate(plan: Plan):  # noqa: ANN202 - SimResult, imported lazily
+    from skippipe.sim import simulate
+
+    return simulate(plan, record=False)
+
+
+def make_plan(method: str, problem: Problem, seed: int = 0, time_limit_s: float | None = None) -> Plan:
+    """Plan with ``method``, check the plan, simulate it and store ``predicted_makespan_s``,
+    ``lower_bound_s`` and the planning time (``meta.planning_s``). A plan that cannot finish
+    every microbatch in simulation (memory deadlock) is an error."""
+    if method not in METHODS:
+        raise UserError(f"unknown method {method!r} (known: {', '.join(METHODS)})")
+    if time_limit_s is not None and not time_limit_s > 0:
+        raise UserError(f"time limit must be > 0 seconds, got {time_limit_s}")
+    from skippipe.plan.validate import check_plan
+
+    start = time.perf_counter()
+    plan = METHODS[method](problem, seed, time_limit_s)
+    planning_s = time.perf_counter() - start
+    check_plan(plan, where=f"{method} plan")
+    result = _simulate(plan)
+    if not result.finished:
+        memory = sorted(set(plan.memory))
+        mem = str(memory[0]) if len(memory) == 1 else f"{memory[0]}..{memory[-1]}"
+        raise UserError(
+            f"memory too small to make a {method} plan: with {mem} activation slot(s) per node, "
+            f"{len(result.unfinished)} of {len(plan.microbatches)} microbatches never finish in simulation "
+            f"(memory deadlock); give more memory or fewer swaps (--max-swaps 0)"
+        )
+    plan.predicted_makespan_s = float(result.makespan_s)
+    plan.lower_bound_s = float(result.lower_bound_s) if math.isfinite(result.lower_bound_s) else None
+    plan.meta["planning_s"] = round(planning_s, 3)
+    return plan
