@@ -1,0 +1,134 @@
+"""Joining the job: rendezvous, the process groups a worker uses, and agreement on the plan.
+
+- Local launch (``skippipe train``): the launcher hosts the rendezvous store and every worker
+  connects to it as a client (``SKIPPIPE_STORE_HOSTED=1``).
+- ``torchrun``: its agent hosts the store (``TORCHELASTIC_USE_AGENT_STORE=True``); torch's
+  ``env://`` handler connects.
+- Otherwise rank 0 hosts the store at ``MASTER_ADDR:MASTER_PORT``.
+
+Groups: the default group (barriers, loss/norm all-reduce), a gloo group for message headers
+(received from any peer), the payload group (the same gloo group, or NCCL for CUDA tensors) and
+one group per stage for gradient averaging.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from skippipe.errors import UserError
+
+
+@dataclass
+class Env:
+    rank: int
+    world_size: int
+    local_rank: int
+    master_addr: str
+    master_port: int
+    torchrun: bool  # started by torchrun (its agent hosts the store)
+    hosted: bool  # a launcher hosts the store; every worker is a client
+
+
+def read_env() -> Env:
+    """Rank, world size and rendezvous address from the environment (torchrun's variables)."""
+    missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
+    if missing:
+        raise UserError(
+            f"worker: environment variable(s) {', '.join(missing)} are not set; start workers with "
+            "`skippipe train` or `torchrun ... -m skippipe.cli worker CONFIG`"
+        )
+    try:
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        port = int(os.environ["MASTER_PORT"])
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+    except ValueError:
+        raise UserError("worker: RANK, WORLD_SIZE, LOCAL_RANK and MASTER_PORT must be integers") from None
+    if not 0 <= rank < world:
+        raise UserError(f"worker: RANK={rank} is outside 0..WORLD_SIZE-1={world - 1}")
+    return Env(
+        rank=rank, world_size=world, local_rank=local, master_addr=os.environ["MASTER_ADDR"], master_port=port,
+        torchrun=os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True" or "TORCHELASTIC_RUN_ID" in os.environ,
+        hosted=os.environ.get("SKIPPIPE_STORE_HOSTED") == "1",
+    )
+
+
+def init(env: Env, timeout_s: float, rendezvous_timeout_s: float) -> None:
+    """Join the default (gloo) group; unreachable rendezvous -> one-line UserError."""
+    where = f"{env.master_addr}:{env.master_port}"
+    pg_timeout = datetime.timedelta(seconds=timeout_s)
+    try:
+        if env.torchrun:
+            os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+            dist.init_process_group("gloo", init_method="env://", timeout=datetime.timedelta(seconds=max(timeout_s, rendezvous_timeout_s)))
+            return
+        store = dist.TCPStore(
+            env.master_addr, env.master_port, env.world_size,
+            is_master=(env.rank == 0 and not env.hosted),
+            timeout=datetime.timedelta(seconds=rendezvous_timeout_s),
+            wait_for_workers=False,
+        )
+        store.set_timeout(datetime.timedelta(seconds=rendezvous_timeout_s))
+        dist.init_process_group("gloo", store=store, rank=env.rank, world_size=env.world_size, timeout=pg_timeout)
+    except (RuntimeError, ValueError, OSError) as exc:
+        text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if "timed out" in text.lower() or "timeout" in text.lower() or "connect" in text.lower() or "refused" in text.lower():
+            raise UserError(f"cannot reach the rendezvous at {where} within {rendezvous_timeout_s:g} s (are all {env.world_size} workers started?)") from None
+        raise UserError(f"cannot join the job at {where}: {text[:200]}") from None
+
+
+@dataclass
+class Groups:
+    world: dist.ProcessGroup
+    header: dist.ProcessGroup  # gloo, point-to-point headers (any-source receives)
+    payload: dist.ProcessGroup  # gloo or NCCL, point-to-point tensors
+    stage: dist.ProcessGroup | None  # this node's stage group (None: the stage has one node)
+    stage_ranks: list[int]
+
+
+def make_groups(stages: list[list[int]], rank: int, backend: str) -> Groups:
+    """Every rank creates every group, in the same order (torch.distributed's rule)."""
+    world = dist.group.WORLD
+    header = dist.new_group(backend="gloo")
+    payload = dist.new_group(backend="nccl") if backend == "nccl" else header
+    mine = None
+    my_ranks: list[int] = []
+    for nodes in stages:
+        ranks = sorted(nodes)
+        g = dist.new_group(ranks=ranks, backend="gloo") if len(ranks) > 1 else None
+        if rank in ranks:
+            mine, my_ranks = g, ranks
+    return Groups(world=world, header=header, payload=payload, stage=mine, stage_ranks=my_ranks)
+
+
+def agree(text: str, what: str) -> None:
+    """All ranks hold the same ``text`` (e.g. the plan); otherwise a UserError naming a rank."""
+    digest = hashlib.sha256(text.encode()).digest()[:8]
+    mine = torch.tensor([int.from_bytes(digest, "big", signed=True)], dtype=torch.int64)
+    out = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, mine)
+    for r, v in enumerate(out):
+        if int(v) != int(out[0]):
+            raise UserError(f"rank {r} has a different {what} than rank 0; every worker must use the same one")
+
+
+def device_for(spec: str, local_rank: int) -> torch.device:
+    if spec == "cpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise UserError(f"runtime: device {spec!r} asked for, but CUDA is not available")
+    # "cuda": one GPU per local worker; with fewer GPUs than workers, workers share them
+    return torch.device(f"cuda:{local_rank % torch.cuda.device_count()}") if spec == "cuda" else torch.device(spec)
+
+
+def shutdown() -> None:
+    if dist.is_initialized():
+        try:
+            dist.destroy_process_group()
+        except Exception:  # already broken by a failed peer: nothing left to clean
+            pass
