@@ -1,0 +1,306 @@
+"""The SkipPipe path scheduler: methods ``skippipe-no-tc2`` and ``skippipe``.
+
+``plan_no_tc2`` chooses paths for the network and the load only: every microbatch gets a cheap
+valid path (CC1-CC3) under the TC1 caps, ignoring when microbatches meet on a node
+(``route_assign``). A data node's distinct paths take turns in its injection order, slowest
+first. When the cluster fixes no allocation, both methods start from ``allocate`` (the
+allocation helper's GCMA-style search).
+
+``plan_skippipe`` is collision-aware (TC2). It starts from the ``skippipe-no-tc2`` plan and
+adds candidates built for the timeline:
+
+1. private chains (``route_groups``): every data node gets L-1 nodes of its own, so microbatches
+   of different data nodes never queue on the same node (when the caps allow it);
+   Data nodes left without a chain share the capacity that is left;
+2. joint allocation (only when the cluster fixes no allocation): groups of one data node and
+   L-1 near nodes, with stage labels handed out so that each group's chain is a valid path.
+
+Every candidate is scored by the simulator (``route_eval``, component by component) and
+improved by local search on the critical data node (``route_search``: exchanges of nodes
+between microbatches, stage reorders, path swaps, injection order; then iterated local search
+on the best candidate), and finally by a search over the processing order of the nodes of the
+critical component (an injection placed right after the backward that frees its slot is one of
+the starting orders). The best plan found is returned; it is never worse than ``plan_no_tc2``
+for the same problem and seed, because that routing is one of the candidates (on the same
+allocation as long as ``allocate`` is not cut short by the time limit). Deterministic for a
+seed: the search budget counts simulations; ``time_limit_s`` only cuts it short (and then the
+result depends on the machine's speed).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+from skippipe.errors import UserError
+from skippipe.plan.model import Microbatch, Plan
+from skippipe.plan.problem import Problem
+from skippipe.plan.route_assign import assign_static
+from skippipe.plan.route_eval import Evaluator, Incremental, Route, Score
+from skippipe.plan.route_groups import group_allocation, private_chains
+from skippipe.plan.route_paths import RouteCosts, stage_sequences
+from skippipe.plan.route_search import RouteSearch, SearchLimits
+from skippipe.sim import simulate
+
+
+@dataclass
+class Candidate:
+    name: str
+    stages: list[list[int]]
+    routes: list[Route]
+    score: Score
+    orders: dict[int, list[str]] | None = None
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _deadline(time_limit_s: float | None) -> float | None:
+    if time_limit_s is None:
+        return None
+    if time_limit_s <= 0:
+        raise UserError(f"time limit must be > 0 seconds, got {time_limit_s}")
+    return time.perf_counter() + float(time_limit_s)
+
+
+def _left(deadline: float | None) -> float | None:
+    return None if deadline is None else max(0.01, deadline - time.perf_counter())
+
+
+def _allocation(problem: Problem, seed: int, time_limit_s: float | None) -> list[list[int]]:
+    if problem.fixed_stages is not None:
+        return [list(map(int, s)) for s in problem.fixed_stages]
+    from skippipe.plan.allocate import allocate
+
+    return allocate(problem, seed=seed, time_limit_s=time_limit_s)
+
+
+def _sequences(problem: Problem, stages: list[list[int]]) -> tuple[tuple[int, ...], ...]:
+    w = problem.workload
+    seqs = stage_sequences(len(stages), w.path_length, w.max_swaps, w.max_jump)
+    if not seqs:
+        raise UserError(f"no stage order of length L={w.path_length} satisfies the path rules (CC2/CC3)")
+    return seqs
+
+
+def static_routes(problem: Problem, stages: list[list[int]], caps: list[int] | None = None) -> list[Route]:
+    """The ``skippipe-no-tc2`` routing: min-cost paths under the caps (``assign_static``).
+
+    Injection order: the data node's distinct paths take turns, slowest path first, so the
+    microbatches in flight together do not all start on the same path. Paths with swaps can
+    wait on each other for memory in a circle (a deadlock, with little memory); if the routing
+    does not finish in the simulator it is redone without swaps, where the microbatch furthest
+    along can always move on.
+    """
+    caps = problem.load_caps(stages) if caps is None else caps
+    routes = _static_routes(problem, stages, caps, None)
+    if not math.isfinite(Evaluator(problem, stages).score(routes).makespan):
+        routes = _static_routes(problem, stages, caps, 0)
+        if not math.isfinite(Evaluator(problem, stages).score(routes).makespan):
+            raise UserError("no routing found that finishes: the microbatches wait on each other for memory")
+    return routes
+
+
+def _static_routes(problem: Problem, stages: list[list[int]], caps: list[int], max_swaps: int | None) -> list[Route]:
+    paths = assign_static(problem, stages, caps, max_swaps=max_swaps)
+    rc = RouteCosts.from_problem(problem)
+    routes: list[Route] = []
+    for d in stages[0]:
+        by_path: dict[tuple[int, ...], int] = {}
+        for path in paths.get(d, []):
+            key = tuple(int(x) for x in path)
+            by_path[key] = by_path.get(key, 0) + 1
+        queue = sorted(by_path, key=lambda p: (-rc.round_trip(d, p), p))
+        while queue:
+            for path in list(queue):
+                routes.append((int(d), path))
+                by_path[path] -= 1
+                if not by_path[path]:
+                    queue.remove(path)
+    return routes
+
+
+def chain_routes(stages: list[list[int]], chains: dict[int, list[int]], m: int) -> list[Route]:
+    return [(int(d), tuple(int(x) for x in chains[d])) for d in stages[0] for _ in range(m)]
+
+
+def chain_candidate(
+    problem: Problem, stages: list[list[int]], caps: list[int], seqs, deadline: float | None  # noqa: ANN001
+) -> list[Route] | None:
+    """Private chains for the data nodes that can have one; the others share what capacity is
+    left (static routing). When the rest cannot be routed, the least critical chain is given up."""
+    chains = private_chains(problem, stages, caps, seqs, deadline)
+    if not chains:
+        return None
+    m = problem.workload.microbatches_per_data_node
+    order = list(chains)
+    while chains:
+        rest = [d for d in stages[0] if d not in chains]
+        if not rest:
+            return chain_routes(stages, chains, m)
+        residual = list(caps)
+        for ch in chains.values():
+            for x in ch:
+                residual[x] -= m
+        try:
+            shared = static_routes(problem, [rest, *stages[1:]], residual)
+        except UserError:
+            chains.pop(order.pop())
+            continue
+        by_node: dict[int, list[Route]] = {}
+        for r in shared:
+            by_node.setdefault(r[0], []).append(r)
+        return [r for d in stages[0] for r in (by_node[d] if d in by_node else chain_routes([[d]], chains, m))]
+    return None
+
+
+def build_plan(
+    problem: Problem,
+    stages: list[list[int]],
+    routes: list[Route],
+    method: str,
+    seed: int,
+    orders: dict[int, list[str]] | None = None,
+    meta: dict | None = None,
+) -> Plan:
+    """A plan file from routes (microbatch id = index; a data node injects lower ids first).
+
+    With ``orders`` the plan carries a processing order for every node: the given orders where
+    set, and elsewhere the order in which the node serves its work on its own (so the runtime
+    can follow the plan exactly); the simulated makespan is the same.
+    """
+    mbs = [Microbatch(id=i, data_node=d, path=list(p)) for i, (d, p) in enumerate(routes)]
+    plan = problem.make_plan(stages, mbs, method=method, seed=seed, meta=meta)
+    if orders:
+        plan.processing_order = {int(k): list(v) for k, v in orders.items()}
+        full = simulate(plan, bound=False).processing_order()
+        plan.processing_order = {int(k): list(v) for k, v in sorted(full.items())}
+    res = simulate(plan, record=False)
+    plan.predicted_makespan_s = float(res.makespan_s)
+    plan.lower_bound_s = float(res.lower_bound_s)
+    return plan
+
+
+def default_budget(problem: Problem) -> int:
+    """Simulations the search may run when no other budget is given: 4,800 at 20 nodes, 8,000
+    from 100 nodes on (simulations of bigger clusters cost more, so the count stops growing)."""
+    return int(4000 + 40 * min(problem.n, 100))
+
+
+# ----------------------------------------------------------------------------- methods
+
+
+def plan_no_tc2(problem: Problem, seed: int = 0, time_limit_s: float | None = None) -> Plan:
+    """Paths for the network and the load, ignoring time collisions (method ``skippipe-no-tc2``)."""
+    stages = _allocation(problem, seed, time_limit_s)
+    _sequences(problem, stages)
+    routes = static_routes(problem, stages)
+    return build_plan(problem, stages, routes, "skippipe-no-tc2", seed)
+
+
+def plan_skippipe(
+    problem: Problem, seed: int = 0, time_limit_s: float | None = None, budget: int | None = None
+) -> Plan:
+    """Collision-aware paths and processing orders (method ``skippipe``)."""
+    deadline = _deadline(time_limit_s)
+    limits = SearchLimits(budget=budget if budget is not None else default_budget(problem), deadline=deadline)
+    m = problem.workload.microbatches_per_data_node
+
+    stages = _allocation(problem, seed, None if deadline is None else 0.25 * float(time_limit_s))
+    seqs = _sequences(problem, stages)
+    caps = problem.load_caps(stages)
+    base_routes = static_routes(problem, stages)
+    ev = Evaluator(problem, stages)
+    cands = [Candidate("no-tc2", stages, base_routes, ev.score(base_routes))]
+    routes = chain_candidate(problem, stages, caps, seqs, deadline)
+    if routes is not None:
+        cands.append(Candidate("private-chains", stages, routes, ev.score(routes)))
+    evaluators = {id(stages): ev}
+    if problem.fixed_stages is None:
+        grouped = group_allocation(problem, seed, deadline)
+        if grouped is not None:
+            g_stages, g_chains = grouped
+            g_ev = Evaluator(problem, g_stages)
+            evaluators[id(g_stages)] = g_ev
+            routes = chain_routes(g_stages, g_chains, m)
+            cands.append(Candidate("groups", g_stages, routes, g_ev.score(routes)))
+
+    # phase 1: each promising candidate (within 10 % of the best) descends on its paths with
+    # an equal share of 40 % of the budget; phase 2: the best one goes on with iterated local
+    # search on its paths (half of the rest) and then on its processing orders
+    cands.sort(key=lambda c: c.score.key())
+    lead = cands[0].score.makespan
+    promising = [c for c in cands if c.score.makespan <= 1.10 * lead] if math.isfinite(lead) else cands[:1]
+    searches = {}
+    phase1 = _portion(limits, deadline, 0.4)
+    for k, cand in enumerate(promising):
+        share = _portion(phase1, phase1.deadline, 1.0 / (len(promising) - k))
+        search = RouteSearch(evaluators[id(cand.stages)], cand.stages, problem.load_caps(cand.stages),
+                             _sequences(problem, cand.stages), seed, share)
+        searches[id(cand)] = search
+        cand.routes, cand.score = search.improve_paths(cand.routes, cand.score, kicks=0)
+        phase1.spent += share.spent
+    limits.spent += phase1.spent
+    lead_cand = min(promising, key=lambda c: c.score.key())
+    search = searches[id(lead_cand)]
+    search.limits = _portion(limits, deadline, 0.5)
+    lead_cand.routes, lead_cand.score = search.improve_paths(lead_cand.routes, lead_cand.score)
+    limits.spent += search.limits.spent
+    search.limits = _portion(limits, deadline, 1.0)
+    lead_cand.orders, lead_cand.score = _improve_orders(search, lead_cand.routes, lead_cand.score)
+    limits.spent += search.limits.spent
+    best = min(cands, key=lambda c: c.score.key())
+    base = cands_by_name(cands, "no-tc2")
+    meta = {"candidate": best.name, "simulations": limits.spent}
+    plan = build_plan(problem, best.stages, best.routes, "skippipe", seed, best.orders, meta)
+    if base is not None and base is not best:
+        # safety net: the plan file must not be worse than the no-tc2 routing it started from
+        ref = build_plan(problem, base.stages, base.routes, "skippipe", seed, base.orders, meta)
+        if ref.predicted_makespan_s < plan.predicted_makespan_s:
+            plan = ref
+    return plan
+
+
+def cands_by_name(cands: list[Candidate], name: str) -> Candidate | None:
+    return next((c for c in cands if c.name == name), None)
+
+
+def _portion(limits: SearchLimits, deadline: float | None, fraction: float) -> SearchLimits:
+    """A fraction of what is left of a budget and of the time to a deadline."""
+    left = max(0, limits.budget - limits.spent)
+    dl = None
+    if deadline is not None:
+        dl = time.perf_counter() + max(0.0, deadline - time.perf_counter()) * fraction
+    return SearchLimits(budget=max(1, int(left * fraction)), deadline=dl)
+
+
+def _share_deadline(deadline: float | None, parts: int) -> float | None:
+    if deadline is None:
+        return None
+    return time.perf_counter() + max(0.0, deadline - time.perf_counter()) / max(1, parts)
+
+
+def _improve_orders(search: RouteSearch, routes: list[Route], score: Score) -> tuple[dict[int, list[str]] | None, Score]:
+    """Processing orders for the critical component, then for the next critical one, until
+    the critical one cannot be improved (its finish is then the makespan)."""
+    ev = search.ev
+    orders: dict[int, list[str]] = {}
+    comps = ev.components(routes)
+    comp_of = {routes[i][0]: k for k, ids in enumerate(comps) for i in ids}
+    finish = {k: ev.component_finish(routes, ids) for k, ids in enumerate(comps)}
+    best = Incremental._combine(finish)
+    while best.latest:
+        k = comp_of[best.latest[0]]
+        if search.limits.done() and not search.knows(routes, comps[k]):
+            break  # out of budget; a component solved before still gets its known orders
+        before = Incremental._combine({0: finish[k]})
+        new_orders, comp_score = search.improve_orders(routes, comps[k], orders)
+        if not comp_score < before:
+            break
+        orders = new_orders
+        finish[k] = ev.component_finish(routes, comps[k], orders)
+        best = Incremental._combine(finish)
+    if not best < score:
+        return None, score
+    return (orders or None), best

@@ -1,0 +1,325 @@
+"""Static path assignment (no time collisions): every microbatch gets a cheap valid path while the
+per-node TC1 caps hold.
+
+Microbatches are routed one at a time, round robin over the data nodes (the data node whose best
+round trip is slowest goes first in every round, so the critical ones are served before the
+cheap nodes run out), each on the cheapest path through nodes with capacity left. A stage-level
+check keeps the greedy from painting itself into a corner: a path is only taken when the
+microbatches still to route can each find L-1 distinct stages with capacity afterwards. A few
+re-routing passes then move microbatches to cheaper paths that freed up.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from skippipe.errors import UserError
+from skippipe.plan.route_paths import RouteCosts, cheapest_chain, node_classes, stage_sequences
+
+Paths = dict[int, list[list[int]]]  # data node -> one path per microbatch
+
+
+class Capacity:
+    """Residual per-node capacity (TC1) with stage totals and the greedy's feasibility check.
+
+    Nodes that are interchangeable (``node_classes``) are searched through one representative
+    per class and stage: the member with the least capacity left, so a class fills node by node.
+    """
+
+    def __init__(self, stages: list[list[int]], caps: list[int], classes: np.ndarray) -> None:
+        n = len(classes)
+        self.stages = [list(map(int, s)) for s in stages]
+        self.classes = classes
+        self.stage_of = np.full(n, -1, dtype=int)
+        for s, nodes in enumerate(self.stages):
+            self.stage_of[nodes] = s
+        self.left = np.zeros(n, dtype=int)
+        for s in self.stages[1:]:
+            for x in s:
+                self.left[x] = int(caps[x])
+        self.stage_left = np.array([int(self.left[s].sum()) for s in self.stages], dtype=int)
+        self.members: list[dict[int, list[int]]] = []
+        for nodes in self.stages:
+            by_class: dict[int, list[int]] = {}
+            for x in sorted(nodes):
+                by_class.setdefault(int(classes[x]), []).append(x)
+            self.members.append(by_class)
+        self._reps: list[np.ndarray | None] = [None] * len(self.stages)
+        self.version = [0] * len(self.stages)  # bumped whenever a stage's representatives change
+        self._chains: dict[tuple, tuple[float, list[int]]] = {}
+
+    def reps(self, s: int) -> np.ndarray:
+        """One node with capacity left per class of stage s."""
+        r = self._reps[s]
+        if r is None:
+            out = []
+            for nodes in self.members[s].values():
+                live = [x for x in nodes if self.left[x] > 0]
+                if live:
+                    out.append(min(live, key=lambda x: (self.left[x], x)))
+            r = np.asarray(sorted(out), dtype=int)
+            self._reps[s] = r
+        return r
+
+    def chain(self, rc: RouteCosts, data_node: int, seq: tuple[int, ...]) -> tuple[float, list[int]]:
+        """``cheapest_chain`` over the representatives, cached per data-node class and sequence
+        until one of the sequence's stages changes its representatives."""
+        for s in seq:
+            self.reps(s)
+        key = (int(self.classes[data_node]), seq, tuple(self.version[s] for s in seq))
+        hit = self._chains.get(key)
+        if hit is None:
+            hit = cheapest_chain(rc, data_node, [self.reps(s) for s in seq])
+            self._chains[key] = hit
+        cost, chain = hit
+        return cost, list(chain)
+
+    def _touch(self, x: int, delta: int) -> None:
+        self.left[x] += delta
+        s = self.stage_of[x]
+        self.stage_left[s] += delta
+        old = self._reps[s]
+        self._reps[s] = None
+        if old is None or not np.array_equal(old, self.reps(s)):
+            self.version[s] += 1
+
+    def take(self, path: list[int]) -> None:
+        for x in path:
+            self._touch(x, -1)
+
+    def give(self, path: list[int]) -> None:
+        for x in path:
+            self._touch(x, +1)
+
+    def feasible_after(self, seq: tuple[int, ...], remaining: int) -> bool:
+        """After one more microbatch uses ``seq``, can ``remaining`` others still find
+        len(seq) distinct stages with capacity? (sum over stages of min(left, remaining))"""
+        if remaining <= 0:
+            return True
+        left = self.stage_left.copy()
+        for s in seq:
+            left[s] -= 1
+        if np.any(left[list(seq)] < 0):
+            return False
+        return int(np.minimum(left[1:], remaining).sum()) >= remaining * len(seq)
+
+
+def route_one(
+    rc: RouteCosts,
+    cap: Capacity,
+    data_node: int,
+    sequences: tuple[tuple[int, ...], ...],
+    remaining: int,
+) -> tuple[float, list[int]]:
+    """Cheapest path for one microbatch under the residual capacity; ``(inf, [])`` if none."""
+    best: tuple[float, list[int]] = (float("inf"), [])
+    for seq in sequences:
+        if cap.stage_left[list(seq)].min() <= 0 or not cap.feasible_after(seq, remaining):
+            continue
+        cost, chain = cap.chain(rc, data_node, seq)
+        if cost < best[0]:
+            best = (cost, chain)
+    if not best[1] and remaining > 0:  # the stage check is a heuristic; fall back without it
+        return route_one(rc, cap, data_node, sequences, 0)
+    return best
+
+
+def critical_order(rc: RouteCosts, cap: Capacity, sequences: tuple[tuple[int, ...], ...]) -> list[int]:
+    """Data nodes, slowest best round trip first (ties by node id)."""
+    best = {}
+    for d in cap.stages[0]:
+        best[d] = min(cap.chain(rc, d, seq)[0] for seq in sequences)
+    return sorted(cap.stages[0], key=lambda d: (-best[d], d))
+
+
+def sequence_quotas(
+    sequences: tuple[tuple[int, ...], ...], stage_caps: list[int], total: int
+) -> dict[tuple[int, ...], int] | None:
+    """How many microbatches take each stage sequence so that no stage exceeds its capacity
+    (an integer program, solved exactly by HiGHS); None when no split exists."""
+    from scipy.optimize import LinearConstraint, milp
+
+    k = len(sequences)
+    if k == 0:
+        return None
+    a = np.zeros((len(stage_caps) + 1, k))
+    for j, seq in enumerate(sequences):
+        for s in seq:
+            a[s, j] = 1.0
+        a[-1, j] = 1.0
+    lower = np.concatenate([np.full(len(stage_caps), -np.inf), [total]])
+    upper = np.concatenate([np.asarray(stage_caps, dtype=float), [total]])
+    res = milp(c=np.zeros(k), constraints=LinearConstraint(a, lower, upper), integrality=np.ones(k),
+               bounds=(0, total))
+    if not res.success or res.x is None:
+        return None
+    return {seq: int(round(x)) for seq, x in zip(sequences, res.x) if round(x) > 0}
+
+
+def assign_static(
+    problem, stages: list[list[int]], caps: list[int], passes: int = 4, max_swaps: int | None = None  # noqa: ANN001
+) -> Paths:
+    """Cheap valid paths for all microbatches under the caps, ignoring time collisions.
+
+    The greedy may paint itself into a corner on tight caps; it then starts over with the
+    number of microbatches per stage sequence fixed by ``sequence_quotas``. Raises a
+    ``UserError`` when no routing can respect the caps.
+    """
+    w = problem.workload
+    rc = RouteCosts.from_problem(problem)
+    swaps = w.max_swaps if max_swaps is None else min(max_swaps, w.max_swaps)
+    seqs = stage_sequences(len(stages), w.path_length, swaps, w.max_jump)
+    if not seqs:
+        raise UserError(f"no stage order of length L={w.path_length} satisfies the path rules (CC2/CC3)")
+    classes = node_classes(problem.transfer_s, problem.forward_s, problem.memory)
+    paths = _greedy(problem, rc, stages, caps, classes, seqs, None)
+    if paths is None:
+        total = len(stages[0]) * w.microbatches_per_data_node
+        stage_caps = [0] + [int(sum(caps[x] for x in s)) for s in stages[1:]]
+        quotas = sequence_quotas(seqs, stage_caps, total)
+        if quotas is None:
+            raise UserError(
+                f"no routing respects the per-node load caps (TC1): the stages can take {stage_caps[1:]} visits, "
+                f"too few for {total} microbatches on paths of {w.path_length} stages"
+            )
+        paths = _greedy(problem, rc, stages, caps, classes, seqs, quotas)
+        assert paths is not None, "routing with feasible sequence quotas cannot fail"
+    cap = Capacity(stages, caps, classes)
+    for plist in paths.values():
+        for path in plist:
+            cap.take(path)
+    slots = {d: int(problem.memory[d]) for d in paths}
+    gap = problem.cost_model.op_gap_s
+    for _ in range(passes):
+        moved = improve_static(rc, cap, paths, seqs)
+        swapped = exchange_nodes(rc, cap.stages, paths, slots, gap)
+        if not (moved or swapped):
+            break
+    return paths
+
+
+def _greedy(problem, rc, stages, caps, classes, seqs, quotas) -> Paths | None:  # noqa: ANN001
+    """Round robin over the data nodes (slowest first), cheapest path each; None if stuck."""
+    m = problem.workload.microbatches_per_data_node
+    cap = Capacity(stages, caps, classes)
+    order = critical_order(rc, cap, seqs)
+    paths: Paths = {d: [] for d in order}
+    left = dict(quotas) if quotas is not None else None
+    total = m * len(order)
+    done = 0
+    for _ in range(m):
+        for d in order:
+            done += 1
+            allowed = seqs if left is None else tuple(q for q in seqs if left.get(q, 0) > 0)
+            cost, path = route_one(rc, cap, d, allowed, total - done if left is None else 0)
+            if not path:
+                return None
+            if left is not None:
+                left[tuple(cap.stage_of[x] for x in path)] -= 1
+            cap.take(path)
+            paths[d].append(path)
+    return paths
+
+
+def improve_static(rc: RouteCosts, cap: Capacity, paths: Paths, seqs: tuple[tuple[int, ...], ...]) -> bool:
+    """One pass: move each microbatch to a cheaper path if capacity freed up. True if any moved."""
+    moved = False
+    for d, plist in paths.items():
+        for i, old in enumerate(plist):
+            old_cost = rc.round_trip(d, old)
+            cap.give(old)
+            cost, path = route_one(rc, cap, d, seqs, 0)
+            if path and cost < old_cost - 1e-9:
+                plist[i] = path
+                moved = True
+            else:
+                path = old
+            cap.take(path)
+    return moved
+
+
+def slot_estimate(trips: list[float], slots: int, gap: float) -> float:
+    """Finish time of a data node whose round trips run on ``slots`` parallel slots, longest
+    first onto the slot that frees first (collisions ignored)."""
+    loads = [0.0] * max(1, min(slots, len(trips)))
+    for t in sorted(trips, reverse=True):
+        k = loads.index(min(loads))
+        loads[k] += t + (gap if loads[k] > 0 else 0.0)
+    return max(loads) if trips else 0.0
+
+
+def exchange_nodes(
+    rc: RouteCosts, stages: list[list[int]], paths: Paths, slots: dict[int, int], gap: float, candidates: int = 8
+) -> bool:
+    """One pass of pairwise exchanges: two microbatches swap their nodes of one stage when that
+    lowers the later of their data nodes' estimated finishes (``slot_estimate``), or keeps it
+    and lowers their round trips (the loads do not change, so the caps keep holding).
+
+    For each microbatch (most expensive first) and each node on its path, the ``candidates``
+    nodes of the same stage that would suit it best are tried against their current users.
+    True if any exchange was made.
+    """
+    stage_of = {x: s for s, nodes in enumerate(stages) for x in nodes}
+    arrays = [np.asarray(s, dtype=int) for s in stages]
+    flat = [(d, k) for d, plist in paths.items() for k in range(len(plist))]
+    users: dict[int, set[int]] = {}
+    for idx, (d, k) in enumerate(flat):
+        for x in paths[d][k]:
+            users.setdefault(x, set()).add(idx)
+    cost = [rc.round_trip(d, paths[d][k]) for d, k in flat]
+    trips = {d: [cost[i] for i, (dd, _) in enumerate(flat) if dd == d] for d in paths}
+    est = {d: slot_estimate(trips[d], slots[d], gap) for d in paths}
+
+    def estimate_with(d: int, k: int, new_cost: float, d2: int | None = None, k2: int | None = None, c2: float = 0.0) -> float:
+        t = list(trips[d])
+        t[k] = new_cost
+        if d2 == d and k2 is not None:
+            t[k2] = c2
+        return slot_estimate(t, slots[d], gap)
+
+    swapped = False
+    for i in sorted(range(len(flat)), key=lambda i: -cost[i]):
+        di, ki = flat[i]
+        for pos in range(len(paths[di][ki])):
+            path_i = paths[di][ki]
+            x = path_i[pos]
+            nodes = arrays[stage_of[x]]
+            prev = di if pos == 0 else path_i[pos - 1]
+            nxt = di if pos == len(path_i) - 1 else path_i[pos + 1]
+            gain_i = rc.edge[prev, nodes] + rc.edge[nodes, nxt] + rc.node[nodes]
+            gain_i = gain_i - (rc.edge[prev, x] + rc.edge[x, nxt] + rc.node[x])
+            for t in np.argsort(gain_i, kind="stable")[:candidates]:
+                if gain_i[t] >= -1e-9:
+                    break
+                y = int(nodes[t])
+                done = False
+                for j in sorted(users.get(y, ())):
+                    dj, kj = flat[j]
+                    path_j = paths[dj][kj]
+                    if j == i or x in path_j:
+                        continue
+                    new_i = [y if v == x else v for v in path_i]
+                    new_j = [x if v == y else v for v in path_j]
+                    ci, cj = rc.round_trip(di, new_i), rc.round_trip(dj, new_j)
+                    if di == dj:
+                        ei = estimate_with(di, ki, ci, dj, kj, cj)
+                        before, after = (est[di], cost[i] + cost[j]), (ei, ci + cj)
+                    else:
+                        ei, ej = estimate_with(di, ki, ci), estimate_with(dj, kj, cj)
+                        before = (max(est[di], est[dj]), cost[i] + cost[j])
+                        after = (max(ei, ej), ci + cj)
+                    if after[0] < before[0] - 1e-9 or (after[0] <= before[0] + 1e-9 and after[1] < before[1] - 1e-9):
+                        paths[di][ki], paths[dj][kj] = new_i, new_j
+                        cost[i], cost[j] = ci, cj
+                        trips[di][ki], trips[dj][kj] = ci, cj
+                        est[di] = slot_estimate(trips[di], slots[di], gap)
+                        est[dj] = slot_estimate(trips[dj], slots[dj], gap)
+                        users[x].discard(i)
+                        users[y].discard(j)
+                        users[y].add(i)
+                        users[x].add(j)
+                        swapped = done = True
+                        break
+                if done:
+                    break
+    return swapped

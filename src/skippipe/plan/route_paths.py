@@ -1,0 +1,154 @@
+"""Path building blocks for the SkipPipe scheduler: valid stage sequences and cheapest node chains.
+
+A microbatch of data node ``d`` with path ``[a, b, c]`` runs forward d -> a -> b -> c -> d (loss on
+d) and backward d -> c -> b -> a -> d. Without waiting, its *round trip* takes
+
+    own(d) + cost(a) + cost(b) + cost(c) + E[d,a] + E[a,b] + E[b,c] + E[c,d]
+
+with ``cost(x) = forward(x) * (1 + backward_factor)``, ``own(d) = cost(d) + loss(d)`` and
+``E[i,j] = transfer[i,j] + transfer[j,i]`` (each link is crossed once forward, once backward).
+``cheapest_chain`` finds the cheapest nodes for one stage sequence by dynamic programming over the
+stage layers (one matrix minimum per layer), so it stays fast at 1,000 nodes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from skippipe.plan.validate import path_rule_violation
+
+
+@lru_cache(maxsize=64)
+def stage_sequences(num_stages: int, path_length: int, max_swaps: int, max_jump: int) -> tuple[tuple[int, ...], ...]:
+    """Every stage order after stage 0 allowed by CC2/CC3: ``path_length - 1`` distinct stages
+    of 1..S-1, adjacent swaps only, at most ``max_swaps`` of them, jumps of at most ``max_jump``."""
+    k = path_length - 1
+    out: list[tuple[int, ...]] = []
+
+    def grow(prefix: list[int]) -> None:
+        if len(prefix) == k:
+            out.append(tuple(prefix))
+            return
+        for s in range(1, num_stages):
+            if s in prefix:
+                continue
+            if path_rule_violation([*prefix, s], max_swaps, max_jump) is None:
+                grow([*prefix, s])
+
+    grow([])
+    return tuple(out)
+
+
+@dataclass
+class RouteCosts:
+    """Static (collision-free) costs of routing microbatches, in seconds."""
+
+    edge: np.ndarray  # N x N: transfer[i,j] + transfer[j,i]
+    node: np.ndarray  # N: forward + backward of one visit
+    own: np.ndarray  # N: forward + backward + loss of a data node for its own microbatch
+    forward: np.ndarray  # N: forward seconds
+
+    @classmethod
+    def from_problem(cls, problem) -> RouteCosts:  # noqa: ANN001 (Problem, kept import-light)
+        t = np.asarray(problem.transfer_s, dtype=float)
+        f = np.asarray(problem.forward_s, dtype=float)
+        cm = problem.cost_model
+        node = f * (1.0 + cm.backward_factor)
+        return cls(edge=t + t.T, node=node, own=node + f * cm.loss_factor, forward=f)
+
+    def round_trip(self, data_node: int, path: list[int] | tuple[int, ...]) -> float:
+        route = [data_node, *path, data_node]
+        hops = sum(self.edge[route[i], route[i + 1]] for i in range(len(route) - 1))
+        return float(self.own[data_node] + sum(self.node[x] for x in path) + hops)
+
+
+def node_classes(transfer: np.ndarray, forward: np.ndarray, memory: np.ndarray) -> np.ndarray:
+    """Class id per node; two nodes share a class when swapping them changes no cost: the same
+    forward time and memory, and the same transfer times to and from every other node.
+
+    Presets place many nodes at one location, so at 1,000 nodes a stage holds a dozen classes
+    instead of 150 nodes, and the path search only has to look at one node per class.
+    """
+    t = np.asarray(transfer, dtype=float)
+    n = t.shape[0]
+    # candidate classes by a content hash of the sorted-free parts, then verified exactly
+    key_rows = np.round(np.sort(t, axis=1), 9)
+    key_cols = np.round(np.sort(t, axis=0).T, 9)
+    buckets: dict[bytes, list[int]] = {}
+    for i in range(n):
+        k = (key_rows[i].tobytes() + key_cols[i].tobytes() + np.float64(forward[i]).tobytes()
+             + np.int64(memory[i]).tobytes())
+        buckets.setdefault(k, []).append(i)
+    cls = np.full(n, -1, dtype=int)
+    nxt = 0
+    for members in buckets.values():
+        reps: list[int] = []
+        for i in members:
+            for r in reps:
+                mask = np.ones(n, dtype=bool)
+                mask[[i, r]] = False
+                if np.array_equal(t[i, mask], t[r, mask]) and np.array_equal(t[mask, i], t[mask, r]) \
+                        and t[i, r] == t[r, i]:
+                    cls[i] = cls[r]
+                    break
+            else:
+                reps.append(i)
+                cls[i] = nxt
+                nxt += 1
+    return cls
+
+
+def cheapest_chain(
+    rc: RouteCosts,
+    data_node: int,
+    layers: list[np.ndarray],
+    penalty: np.ndarray | None = None,
+) -> tuple[float, list[int]]:
+    """Cheapest round trip from ``data_node`` through one node of each layer, in layer order.
+
+    ``penalty`` (per node, ``inf`` = unusable) is added to a node's cost when it is visited.
+    Returns ``(inf, [])`` when no chain exists.
+    """
+    if any(len(nodes) == 0 for nodes in layers):
+        return float("inf"), []
+    prev_nodes = np.array([data_node])
+    prev_val = np.array([float(rc.own[data_node])])
+    back: list[np.ndarray] = []
+    for nodes in layers:
+        cost = rc.node[nodes] if penalty is None else rc.node[nodes] + penalty[nodes]
+        m = prev_val[:, None] + rc.edge[np.ix_(prev_nodes, nodes)]
+        arg = np.argmin(m, axis=0)
+        prev_val = m[arg, np.arange(len(nodes))] + cost
+        back.append(arg)
+        prev_nodes = nodes
+    total = prev_val + rc.edge[prev_nodes, data_node]
+    j = int(np.argmin(total))
+    best = float(total[j])
+    if not np.isfinite(best):
+        return float("inf"), []
+    chain = []
+    for nodes, arg in zip(reversed(layers), reversed(back)):
+        chain.append(int(nodes[j]))
+        j = int(arg[j])
+    chain.reverse()
+    return best, chain
+
+
+def cheapest_path(
+    rc: RouteCosts,
+    data_node: int,
+    stages: list[list[int]],
+    sequences: tuple[tuple[int, ...], ...],
+    penalty: np.ndarray | None = None,
+) -> tuple[float, list[int]]:
+    """Cheapest valid path of ``data_node`` over all stage sequences (``inf, []`` if none)."""
+    arrays = [np.asarray(s, dtype=int) for s in stages]
+    best: tuple[float, list[int]] = (float("inf"), [])
+    for seq in sequences:
+        cost, chain = cheapest_chain(rc, data_node, [arrays[s] for s in seq], penalty)
+        if cost < best[0]:
+            best = (cost, chain)
+    return best

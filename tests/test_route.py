@@ -1,0 +1,255 @@
+"""The SkipPipe path scheduler: path building blocks, both methods' plans, search guarantees."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from skippipe.cluster import Cluster, load_cluster
+from skippipe.errors import UserError
+from skippipe.plan.allocate import allocate
+from skippipe.plan.problem import build_problem
+from skippipe.plan.route import plan_no_tc2, plan_skippipe
+from skippipe.plan.route_bounds import data_node_floor, trip_floor
+from skippipe.plan.route_assign import sequence_quotas
+from skippipe.plan.route_eval import Evaluator, Incremental
+from skippipe.plan.route_paths import RouteCosts, cheapest_path, node_classes, stage_sequences
+from skippipe.plan.validate import path_rule_violation, plan_violations
+from skippipe.reference import reference_problem, reference_stages
+from skippipe.sim import simulate
+from skippipe.workload import Workload
+
+# SKIPPIPE_ROUTE_EXAMPLES=200 for a deeper run of the property tests
+FAST = settings(max_examples=int(os.environ.get("SKIPPIPE_ROUTE_EXAMPLES", "12")), deadline=None,
+                suppress_health_check=[HealthCheck.too_slow])
+
+
+# ----------------------------------------------------------------------------- random problems
+
+
+@st.composite
+def problems(draw, heterogeneous: bool = True):
+    """Small random clusters: random links, optionally uneven compute and memory, random S/L."""
+    S = draw(st.integers(3, 5))
+    L = draw(st.integers(2, S))
+    n = draw(st.integers(S + 1, 13))
+    seed = draw(st.integers(0, 10_000))
+    rng = np.random.default_rng(seed)
+    t = rng.uniform(0.3, 4.0, size=(n, n))
+    if draw(st.booleans()):
+        t = (t + t.T) / 2
+    np.fill_diagonal(t, 0.0)
+    forward = rng.uniform(0.3, 2.0, size=n) if heterogeneous and draw(st.booleans()) else np.full(n, 1.0)
+    memory = rng.integers(1, 5, size=n) if heterogeneous and draw(st.booleans()) else None
+    cluster = Cluster(name="random", n=n, transfer_s=t, forward_s=forward, memory=memory)
+    workload = Workload(
+        num_stages=S, path_length=L, microbatches_per_data_node=draw(st.integers(1, 5)),
+        memory=draw(st.integers(1, 4)), n_layers=2 * S,
+        max_swaps=draw(st.integers(0, 2)), max_jump=draw(st.integers(1, 4)),
+    )
+    return build_problem(cluster, workload)
+
+
+def finished(plan) -> float:
+    res = simulate(plan, record=False)
+    assert res.finished, res.unfinished
+    return res.makespan_s
+
+
+# ----------------------------------------------------------------------------- building blocks
+
+
+@given(S=st.integers(2, 7), L=st.integers(2, 7), swaps=st.integers(0, 2), jump=st.integers(0, 5))
+@settings(max_examples=60, deadline=None)
+def test_stage_sequences_are_exactly_the_valid_orders(S, L, swaps, jump):
+    L = min(L, S)
+    brute = {p for p in itertools.permutations(range(1, S), L - 1) if path_rule_violation(list(p), swaps, jump) is None}
+    assert set(stage_sequences(S, L, swaps, jump)) == brute
+
+
+@given(problems(heterogeneous=True))
+@FAST
+def test_cheapest_path_matches_brute_force(problem):
+    stages = [list(range(problem.stage_sizes[0]))]
+    start = problem.stage_sizes[0]
+    for size in problem.stage_sizes[1:]:
+        stages.append(list(range(start, start + size)))
+        start += size
+    w = problem.workload
+    seqs = stage_sequences(len(stages), w.path_length, w.max_swaps, w.max_jump)
+    rc = RouteCosts.from_problem(problem)
+    for d in stages[0]:
+        cost, path = cheapest_path(rc, d, stages, seqs)
+        brute = min(
+            (rc.round_trip(d, nodes) for seq in seqs for nodes in itertools.product(*[stages[s] for s in seq])),
+            default=float("inf"),
+        )
+        assert cost == pytest.approx(brute)
+        if path:
+            assert rc.round_trip(d, path) == pytest.approx(cost)
+
+
+def test_node_classes_group_interchangeable_nodes():
+    p = build_problem(load_cluster("gcp-2025/geo-distributed/30"), Workload())
+    cls = node_classes(p.transfer_s, p.forward_s, p.memory)
+    locs = p.cluster.locations
+    for i in range(p.n):
+        for j in range(p.n):
+            assert (cls[i] == cls[j]) == (locs[i] == locs[j])
+    # a node with its own compute speed leaves its location's class
+    c = load_cluster("gcp-2025/geo-distributed/30")
+    c.compute_speed = np.ones(30)
+    c.compute_speed[0] = 2.0
+    p2 = build_problem(c, Workload())
+    cls2 = node_classes(p2.transfer_s, p2.forward_s, p2.memory)
+    assert all(cls2[0] != cls2[j] for j in range(1, 30))
+
+
+# ----------------------------------------------------------------------------- the methods
+
+
+def caps_leave_no_routing(problem, seed: int) -> bool:
+    """Certificate that no plan exists: the stage capacities under the TC1 caps cannot take
+    the microbatches (integer program over stage sequences)."""
+    stages = allocate(problem, seed=seed)
+    w = problem.workload
+    caps = problem.load_caps(stages)
+    seqs = stage_sequences(len(stages), w.path_length, w.max_swaps, w.max_jump)
+    stage_caps = [0] + [sum(caps[x] for x in s) for s in stages[1:]]
+    return sequence_quotas(seqs, stage_caps, len(stages[0]) * w.microbatches_per_data_node) is None
+
+
+@given(problems(heterogeneous=True), st.integers(0, 3))
+@FAST
+def test_both_methods_give_valid_finishing_plans(problem, seed):
+    try:
+        base = plan_no_tc2(problem, seed=seed)
+    except UserError as exc:
+        assert "load caps" in str(exc) and caps_leave_no_routing(problem, seed)
+        return
+    ours = plan_skippipe(problem, seed=seed, budget=150)
+    for plan in (base, ours):
+        assert plan_violations(plan) == []
+        assert len(plan.microbatches) == problem.stage_sizes[0] * problem.workload.microbatches_per_data_node
+        finished(plan)
+    # never worse than skippipe-no-tc2 on the same instance and seed
+    assert finished(ours) <= finished(base) + 1e-9
+    assert ours.predicted_makespan_s == pytest.approx(finished(ours))
+
+
+@given(problems(heterogeneous=True))
+@FAST
+def test_no_plan_beats_the_data_node_floor(problem):
+    if caps_leave_no_routing(problem, 0):
+        return
+    for plan in (plan_no_tc2(problem), plan_skippipe(problem, budget=100)):
+        assert finished(plan) >= data_node_floor(problem, plan.stages) - 1e-9
+
+
+def test_trip_floor_is_reached_on_the_shipped_instance():
+    """The sharper floor is attained: the shipped instance's last data node cannot do better."""
+    problem = reference_problem("shipped")
+    floor = data_node_floor(problem, reference_stages("shipped"))
+    assert floor == pytest.approx(33.0538, abs=1e-3)
+    assert trip_floor(10.0, 1.0, 1.5, 3, 3, 0.1, 0.1) == pytest.approx(2 * 1.1 + 10.0)
+    plan = plan_skippipe(problem, seed=0, budget=3000)
+    assert finished(plan) == pytest.approx(floor, abs=1e-6)
+    assert plan_violations(plan) == []
+
+
+def test_skippipe_beats_the_reference_on_the_current_instance():
+    problem = reference_problem("current")
+    plan = plan_skippipe(problem, seed=0, budget=1500)
+    assert plan.stages == reference_stages("current")  # the fixed allocation is kept
+    assert finished(plan) < 77.72  # the reference's SkipPipe in its own simulator
+    assert plan.processing_order is None or plan_violations(plan) == []
+
+
+def test_deterministic_for_a_seed():
+    problem = build_problem(load_cluster("gcp20-shipped-free"), Workload())
+    a = plan_skippipe(problem, seed=3, budget=400)
+    b = plan_skippipe(problem, seed=3, budget=400)
+    assert json.dumps(a.to_dict(), sort_keys=True) == json.dumps(b.to_dict(), sort_keys=True)
+
+
+def test_time_limit_is_respected():
+    problem = build_problem(load_cluster("gcp-2025/geo-distributed/60"), Workload())
+    t = time.perf_counter()
+    plan = plan_skippipe(problem, seed=0, time_limit_s=1.5, budget=10**9)
+    took = time.perf_counter() - t
+    assert took < 1.5 + 2.0  # the budget is cut; building and checking the plan file comes on top
+    assert plan_violations(plan) == []
+    finished(plan)
+
+
+def test_own_allocation_changes_with_heterogeneous_nodes():
+    """Faster nodes take more visits (caps follow speed) and slow ones fewer."""
+    c = load_cluster("gcp-2025/geo-distributed/20")
+    c.compute_speed = np.where(np.arange(20) % 2 == 0, 2.0, 0.5)
+    p = build_problem(c, Workload())
+    plan = plan_skippipe(p, seed=0, budget=300)
+    assert plan_violations(plan) == []
+    load = plan.load_per_node()
+    data = set(plan.stages[0])
+    fast = [load[x] for x in range(20) if x % 2 == 0 and x not in data]
+    slow = [load[x] for x in range(20) if x % 2 == 1 and x not in data]
+    assert fast and slow and np.mean(fast) > np.mean(slow)
+
+
+# ----------------------------------------------------------------------------- the evaluator
+
+
+@given(problems(heterogeneous=True))
+@FAST
+def test_component_scores_equal_whole_plan_simulation(problem):
+    if caps_leave_no_routing(problem, 0):
+        return
+    plan = plan_no_tc2(problem)
+    routes = [(mb.data_node, tuple(mb.path)) for mb in plan.microbatches]
+    ev = Evaluator(problem, plan.stages)
+    score = ev.score(routes)
+    res = simulate(plan, record=False)
+    assert score.makespan == pytest.approx(res.makespan_s, abs=1e-9)
+    per_node: dict[int, float] = {}
+    for mb in plan.microbatches:
+        per_node[mb.data_node] = max(per_node.get(mb.data_node, 0.0), res.finish_s[mb.id])
+    assert sorted(score.finishes) == pytest.approx(sorted(per_node.values()))
+
+
+def test_planning_does_not_import_torch():
+    code = "import sys, skippipe.plan.route; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+@given(problems(heterogeneous=True), st.integers(0, 1000))
+@FAST
+def test_incremental_scores_equal_full_scores(problem, seed):
+    """Score updates after random exchanges and path swaps equal a fresh whole-routing score."""
+    if caps_leave_no_routing(problem, 0):
+        return
+    plan = plan_no_tc2(problem)
+    routes = [(mb.data_node, tuple(mb.path)) for mb in plan.microbatches]
+    ev = Evaluator(problem, plan.stages)
+    state = Incremental(ev, routes)
+    rng = np.random.default_rng(seed)
+    assert state.score.key() == ev.score(routes).key()
+    for _ in range(15 if len(routes) > 1 else 0):
+        i, j = (int(x) for x in rng.choice(len(routes), size=2, replace=False))
+        new = list(state.routes)
+        (di, pi), (dj, pj) = new[i], new[j]
+        new[i], new[j] = (di, pj), (dj, pi)
+        score, proposal = state.propose(new, [i, j])
+        assert score.key() == ev.score(new).key()
+        if rng.random() < 0.5:
+            state.accept(proposal)
+            assert state.score.key() == ev.score(state.routes).key()
