@@ -1,0 +1,1 @@
+"""Offline corpora (from installed packages), tokenizers, and the samples of each microbatch."""

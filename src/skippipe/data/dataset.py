@@ -1,0 +1,94 @@
+"""Corpus -> tokenizer -> token arrays (train, validation), cached on disk.
+
+``load_token_data(cfg)`` is what trainers call: the first call trains the BPE (a few seconds per
+MB of text) and tokenizes the corpus; later calls read both from the cache directory.
+Documents are joined with the end-of-text token.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from skippipe.data.corpora import corpus_fingerprint, train_val_texts
+from skippipe.data.tokenizer import BPETokenizer, ByteTokenizer, Tokenizer, bpe_cache_path, cached_bpe, default_cache_dir
+
+
+@dataclass
+class TokenData:
+    train: np.ndarray  # int32 token ids
+    val: np.ndarray
+    tokenizer: Tokenizer
+    fingerprint: str
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tokenizer.vocab_size
+
+
+def _join(tok: Tokenizer, texts: list[str]) -> np.ndarray:
+    out: list[int] = []
+    for ids in tok.encode_batch(texts):
+        out.extend(ids)
+        out.append(tok.eot_id)
+    return np.asarray(out, dtype=np.int32)
+
+
+def load_token_data(
+    corpus: tuple[str, ...] | list[str] = ("shakespeare", "bible"),
+    tokenizer: str = "bpe",
+    vocab_size: int = 4096,
+    val_fraction: float = 0.05,
+    cache_dir: str | Path | None = None,
+) -> TokenData:
+    folder = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    names = list(corpus)
+    fp = corpus_fingerprint(names)
+    texts: tuple[list[str], list[str]] | None = None
+
+    def split() -> tuple[list[str], list[str]]:
+        nonlocal texts
+        if texts is None:
+            texts = train_val_texts(names, val_fraction)
+        return texts
+
+    if tokenizer == "bytes":
+        tok: Tokenizer = ByteTokenizer()
+        key = f"bytes-{fp}-{val_fraction}"
+    else:
+        # the BPE is trained on the training split only, so validation text stays unseen
+        bpe_path = bpe_cache_path(folder, f"{fp}-{val_fraction}", vocab_size)
+        if bpe_path.is_file():
+            tok = BPETokenizer.from_file(bpe_path)
+        else:
+            tok = cached_bpe(split()[0], vocab_size, f"{fp}-{val_fraction}", folder)
+        key = f"bpe{vocab_size}-{fp}-{val_fraction}"
+    path = folder / f"tokens-{key}.npz"
+    if path.is_file():
+        with np.load(path) as z:
+            return TokenData(train=z["train"], val=z["val"], tokenizer=tok, fingerprint=fp)
+    train_texts, val_texts = split()
+    train, val = _join(tok, train_texts), _join(tok, val_texts)
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp.npz")
+    np.savez(tmp, train=train, val=val)
+    os.replace(tmp, path)
+    return TokenData(train=train, val=val, tokenizer=tok, fingerprint=fp)
+
+
+def token_data_for(cfg: object) -> TokenData:
+    """``load_token_data`` with the fields of a ``TrainConfig``."""
+    return load_token_data(
+        corpus=cfg.corpus, tokenizer=cfg.tokenizer, vocab_size=cfg.vocab_size,  # type: ignore[attr-defined]
+        val_fraction=cfg.val_fraction, cache_dir=cfg.cache_dir,  # type: ignore[attr-defined]
+    )
+
+
+def validation_tokens(
+    tok: Tokenizer, corpus: tuple[str, ...] | list[str] = ("shakespeare", "bible"), val_fraction: float = 0.05
+) -> np.ndarray:
+    """The validation split encoded with a given tokenizer (e.g. the one saved in a checkpoint)."""
+    return _join(tok, train_val_texts(list(corpus), val_fraction)[1])

@@ -1,0 +1,57 @@
+"""A training run with the reference executor: ``cfg.steps`` iterations of one plan, the
+validation loss of the full model every ``cfg.eval_every`` iterations, a tqdm progress bar.
+Used by the experiments in ``benchmarks/`` and for small single-process runs."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from tqdm import tqdm
+
+from skippipe.data.dataset import TokenData
+from skippipe.eval import validation_loss
+from skippipe.model.config import ModelConfig
+from skippipe.plan.model import Plan
+from skippipe.train.config import TrainConfig
+from skippipe.train.executor import ReferenceExecutor, plan_batch_fn
+
+
+@dataclass
+class History:
+    train: list[tuple[int, float]] = field(default_factory=list)  # (iteration, mean microbatch loss)
+    val: list[tuple[int, float]] = field(default_factory=list)  # (iterations done, validation loss)
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict:
+        return {"train": self.train, "val": self.val, "seconds": self.seconds}
+
+
+def train_plan(
+    plan: Plan, cfg: TrainConfig, data: TokenData, model_cfg: ModelConfig | None = None,
+    progress: bool = True, desc: str = "train",
+) -> tuple[ReferenceExecutor, History]:
+    model_cfg = model_cfg or cfg.model_config(data.vocab_size)
+    seq_len = cfg.tokens_per_sample(model_cfg)
+    ex = ReferenceExecutor(plan, model_cfg, cfg, plan_batch_fn(plan, data.train, cfg, seq_len))
+    hist = History()
+    samples = cfg.eval_batches * cfg.eval_batch_size
+
+    def evaluate() -> float:
+        loss = validation_loss(ex.full_model(), data.val, seq_len, samples, cfg.eval_batch_size)
+        hist.val.append((ex.iteration, loss))
+        return loss
+
+    start = time.perf_counter()
+    evaluate()
+    bar = tqdm(range(cfg.steps), desc=desc, disable=not progress, dynamic_ncols=True)
+    for _ in bar:
+        r = ex.step()
+        hist.train.append((r.iteration, r.loss))
+        postfix = {"loss": f"{r.loss:.3f}"}
+        if cfg.eval_every and ex.iteration % cfg.eval_every == 0 and ex.iteration < cfg.steps:
+            postfix["val"] = f"{evaluate():.3f}"
+        bar.set_postfix(postfix)
+    evaluate()
+    hist.seconds = time.perf_counter() - start
+    return ex, hist
