@@ -13,6 +13,16 @@ memory floor (depends only on the allocation, not on the paths)
     valid route through L-1 later stages (path rules CC2/CC3): every hop forward and back and
     every forward and backward on the way; or, if longer, the gaps the data node keeps between
     its F, L and B. The largest value over the data nodes bounds every plan on that allocation.
+
+data-node floor (sharper; also only the allocation)
+    The data node does its own work one operation at a time. With m microbatches, k = min(M, m)
+    slots and round trips of at least R (as above; F, B: its own forward and backward), the
+    last injection needs a free slot, so m - k microbatches have run their final backward on the
+    data node before it (each starting no sooner than R - B), and so have the injections k+1 ..
+    m-1 (each waits for a freed slot); then the last microbatch needs a whole round trip:
+    ``(R - B) + (m - k)(B + op_gap) + (m - k - 1)(F + inject_gap) + R`` (with m <= k: the m
+    injections, ``(m - 1)(F + inject_gap) + R``). This holds for any processing order: a fixed
+    order cannot inject without a free slot, and the gaps follow every operation.
 """
 
 from __future__ import annotations
@@ -166,14 +176,68 @@ def memory_floor(
     return floor
 
 
+def trip_floor(round_trip: float, forward: float, backward: float, m: int, slots: int, inject_gap: float, op_gap: float) -> float:
+    """Least finish time of a data node with ``m`` microbatches, ``slots`` activation slots and
+    round trips of at least ``round_trip`` seconds (the larger of the memory and the data-node
+    floor, see the module text)."""
+    if m <= 0:
+        return 0.0
+    k = max(1, min(int(slots), m))
+    if m <= k:
+        return (m - 1) * (forward + inject_gap) + round_trip
+    rounds = math.ceil(m / k)
+    memory = rounds * round_trip + (rounds - 1) * op_gap
+    serial = (round_trip - backward) + (m - k) * (backward + op_gap) + (m - k - 1) * (forward + inject_gap) + round_trip
+    return max(memory, serial)
+
+
+def data_node_floor(
+    stages: Sequence[Sequence[int]],
+    costs: Costs,
+    memory: int | Sequence[int],
+    microbatches_per_data_node: int | Mapping[int, int],
+    path_length: int,
+    max_swaps: int,
+    max_jump: int,
+) -> float:
+    """The data-node floor of an allocation (see the module text; never below the memory
+    floor); inf when no valid path exists."""
+    data = list(stages[0])
+    n = int(np.asarray(costs.forward_s).shape[0])
+    mem = [int(memory)] * n if isinstance(memory, (int, np.integer)) else [int(x) for x in memory]
+    if isinstance(microbatches_per_data_node, Mapping):
+        counts = {d: int(microbatches_per_data_node.get(d, 0)) for d in data}
+    else:
+        counts = {d: int(microbatches_per_data_node) for d in data}
+    chain = round_trip_chain(stages, costs, path_length, max_swaps, max_jump)
+    fwd = np.asarray(costs.forward_s, dtype=float)
+    floor = 0.0
+    for d in data:
+        f = float(fwd[d])
+        trip = f * (1.0 + costs.loss_factor + costs.backward_factor) + max(chain[d], costs.inject_gap_s + costs.op_gap_s)
+        floor = max(floor, trip_floor(trip, f, f * costs.backward_factor, counts[d], max(1, mem[d]),
+                                      costs.inject_gap_s, costs.op_gap_s))
+    return floor
+
+
 def plan_memory_floor(plan: Plan) -> float:
     """The memory floor of the plan's allocation and microbatch counts (cached by content)."""
+    return _plan_floor(plan, memory_floor)
+
+
+def plan_data_node_floor(plan: Plan) -> float:
+    """The data-node floor of the plan's allocation and microbatch counts (cached by content)."""
+    return _plan_floor(plan, data_node_floor)
+
+
+def _plan_floor(plan: Plan, floor_of) -> float:  # noqa: ANN001
     counts: dict[int, int] = {}
     for mb in plan.microbatches:
         counts[mb.data_node] = counts.get(mb.data_node, 0) + 1
     c = plan.costs
     k = plan.constraints
     h = blake2b(digest_size=20)
+    h.update(floor_of.__name__.encode())
     h.update(np.ascontiguousarray(c.transfer_s, dtype=float).tobytes())
     h.update(np.ascontiguousarray(c.forward_s, dtype=float).tobytes())
     h.update(
@@ -186,17 +250,17 @@ def plan_memory_floor(plan: Plan) -> float:
     if key not in _CACHE:
         if len(_CACHE) >= _CACHE_SIZE:
             _CACHE.pop(next(iter(_CACHE)))
-        _CACHE[key] = memory_floor(plan.stages, c, plan.memory, counts, k.path_length, k.max_swaps, k.max_jump)
+        _CACHE[key] = floor_of(plan.stages, c, plan.memory, counts, k.path_length, k.max_swaps, k.max_jump)
     return _CACHE[key]
 
 
 def lower_bound(plan: Plan) -> float:
-    """max(compute bound, memory floor) for the plan's allocation.
+    """max(compute bound, memory floor, data-node floor) for the plan's allocation.
 
-    The memory floor assumes every path visits ``path_length`` stages; for a plan that breaks
-    that rule only the compute bound is used.
+    The floors assume every path visits ``path_length`` stages; for a plan that breaks that
+    rule only the compute bound is used.
     """
     hops = plan.constraints.path_length - 1
     if any(len(mb.path) != hops for mb in plan.microbatches):
         return compute_bound(plan)
-    return max(compute_bound(plan), plan_memory_floor(plan))
+    return max(compute_bound(plan), plan_memory_floor(plan), plan_data_node_floor(plan))

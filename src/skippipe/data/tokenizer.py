@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Protocol
 
 from skippipe.errors import UserError
-from skippipe.plan.model import atomic_write_text
+from skippipe.fileio import atomic_write_text
 
 EOT = "<|endoftext|>"
 

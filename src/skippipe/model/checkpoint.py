@@ -18,9 +18,7 @@ Every file is written atomically (temp file + rename); ``config.json`` is writte
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,7 +27,8 @@ import torch
 
 from skippipe.errors import UserError
 from skippipe.model.config import ModelConfig, model_config_from_dict
-from skippipe.plan.model import Plan, atomic_write_text
+from skippipe.fileio import atomic_write, atomic_write_text
+from skippipe.plan.model import Plan
 
 CHECKPOINT_FORMAT = "skippipe-checkpoint"
 CHECKPOINT_VERSION = 1
@@ -51,18 +50,8 @@ class Checkpoint:
 def save_safetensors(path: str | Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:
     from safetensors.torch import save_file
 
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
-    os.close(fd)
-    try:
-        save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, tmp, metadata=metadata)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, p)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    cpu = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
+    atomic_write(path, lambda tmp: save_file(cpu, tmp, metadata=metadata))
 
 
 def save_stage_shard(directory: str | Path, stage: int, module: torch.nn.Module) -> Path:

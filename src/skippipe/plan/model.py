@@ -27,8 +27,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from skippipe.errors import PlanError
+from skippipe.fileio import atomic_write_text
 
 PLAN_FORMAT = "skippipe-plan"
 PLAN_VERSION = 1
@@ -369,26 +368,6 @@ def load_plan(path: str | Path, validate: bool = True) -> Plan:
 
         check_plan(plan, where=str(p))
     return plan
-
-
-def atomic_write_text(path: str | Path, text: str) -> None:
-    """Write to a temporary file in the same folder, then rename: never a half-written file."""
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
-    try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.fchmod(fd, 0o666 & ~umask)  # mkstemp makes 0600; give the file normal permissions
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, p)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def save_plan(plan: Plan, path: str | Path, validate: bool = True) -> None:

@@ -1,41 +1,44 @@
-"""How soon a data node can finish its microbatches: the estimate the scheduler plans with.
+"""Floors the scheduler plans with, and a load-aware floor over every allocation.
 
-``trip_floor`` sharpens the memory floor of ``skippipe.bounds``. With m microbatches, k = min(M, m)
-activation slots and round trips of at least R seconds (R includes the data node's own forward,
-loss and backward), the m-th (last) injection needs a free slot, so at least m - k microbatches
-have finished before it. Each of those runs its final backward (B seconds) on the data node, no
-sooner than R - B after time 0; so do the injections k+1 .. m-1, which wait for a finished
-microbatch. The data node does these one at a time with its gaps, then the last microbatch
-still needs a whole round trip:
+``trip_floor`` (defined in ``skippipe.bounds``) is the least finish time of a data node with m
+microbatches, M slots and round trips of at least R: the larger of the memory floor and the
+data-node floor (its final backwards and injections run one at a time). ``data_node_floor``
+is its largest value over the data nodes of an allocation, each with its fastest valid round
+trip. With the reference's m = 6, M = 3 the last data node of the shipped instance reaches it
+exactly (33.05 s, against a memory floor of 30.41 s).
 
-    finish >= (R - B) + (m - k) (B + op_gap) + (m - k - 1) (F + inject_gap) + R
+``free_allocation_floor`` bounds every plan of a problem whose allocation is ours to choose,
+counting the TC1 loads. For a set D of data nodes (every set of the stage-0 size is tried):
 
-(and, when m <= k, the m injections alone: (m - 1)(F + inject_gap) + R). The memory floor
-``ceil(m/k) R + (ceil(m/k) - 1) op_gap`` is the other term of the maximum. With the reference's
-m = 6, M = 3 this is what the last data node of the shipped instance reaches exactly (33.05 s,
-against a memory floor of 30.41 s).
+- each d in D finishes no sooner than ``trip_floor`` of its fastest round trip R0(d) through
+  L-1 distinct other nodes (any order: a relaxation of the path rules);
+- the caps of the other nodes (``Problem.load_caps``) may sum to just the visits needed; then a
+  node x outside D *must* be visited, by some microbatch of some d in D, whose round trip is at
+  least RA(d, x) (the fastest one through x). The microbatches of d hold its slots from their
+  injection to their last backward and a slot's next injection waits ``op_gap`` after that
+  backward, so they form at most k = min(M, m) chains run back to back; the chain holding the
+  slow one, with c microbatches, lasts at least RA + (c - 1)(R0 + op_gap), and the other
+  m - c fill k - 1 chains. So d finishes no sooner than
+  ``min_c max(RA + (c-1)(R0 + og), ceil((m-c)/(k-1)) R0 + (ceil(..) - 1) og)``.
+
+The floor of D is the largest of these terms; the floor of the problem is the least over D.
+It is exact reasoning on relaxed round trips, so it is valid for every allocation, path choice
+and processing order the simulator runs. On the current-code reference network it is 54.60 s:
+remote nodes (Australia) must carry 6 microbatches each, and no data node can both run its own
+trips fast and take one through Australia.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
-from skippipe.bounds import round_trip_chain
+from skippipe.bounds import round_trip_chain, trip_floor
 
-
-def trip_floor(round_trip: float, forward: float, backward: float, m: int, slots: int, inject_gap: float, op_gap: float) -> float:
-    """Least finish time of a data node (see the module text)."""
-    if m <= 0:
-        return 0.0
-    k = max(1, min(int(slots), m))
-    if m <= k:
-        return (m - 1) * (forward + inject_gap) + round_trip
-    rounds = math.ceil(m / k)
-    memory = rounds * round_trip + (rounds - 1) * op_gap
-    serial = (round_trip - backward) + (m - k) * (backward + op_gap) + (m - k - 1) * (forward + inject_gap) + round_trip
-    return max(memory, serial)
+__all__ = ["trip_floor", "data_node_floor", "free_allocation_floor", "FreeFloor"]
 
 
 def data_node_floor(problem, stages: list[list[int]]) -> float:  # noqa: ANN001
@@ -53,3 +56,102 @@ def data_node_floor(problem, stages: list[list[int]]) -> float:  # noqa: ANN001
         best = max(best, trip_floor(trip, float(f[d]), float(f[d]) * cm.backward_factor,
                                     w.microbatches_per_data_node, int(problem.memory[d]), cm.inject_gap_s, cm.op_gap_s))
     return best
+
+
+@dataclass
+class FreeFloor:
+    value: float  # no plan on any allocation finishes sooner
+    data_nodes: tuple[int, ...]  # a data-node set attaining it
+    exhaustive: bool  # every data-node set was tried (else: the weaker, set-free floor)
+
+
+def _round_trips(problem) -> tuple[np.ndarray, np.ndarray]:  # noqa: ANN001
+    """R0[d]: fastest round trip of d through L-1 distinct other nodes (any order);
+    RA[d, x]: the fastest one that visits x (inf on the diagonal)."""
+    n = problem.n
+    hops = problem.workload.path_length - 1
+    t = np.asarray(problem.transfer_s, dtype=float)
+    f = np.asarray(problem.forward_s, dtype=float)
+    cm = problem.cost_model
+    edge = t + t.T
+    visit = f * (1.0 + cm.backward_factor)
+    own = f * (1.0 + cm.backward_factor + cm.loss_factor)
+    gaps = cm.inject_gap_s + cm.op_gap_s  # the data node's own F -> L -> B, if the path is quicker
+    r0 = np.full(n, math.inf)
+    ra = np.full((n, n), math.inf)
+    if hops <= 0:
+        return own + gaps, ra
+    tuples = np.array(list(itertools.permutations(range(n), hops)), dtype=int)  # P x hops
+    inner = visit[tuples].sum(axis=1) + sum(edge[tuples[:, i], tuples[:, i + 1]] for i in range(hops - 1))
+    for d in range(n):
+        ok = ~(tuples == d).any(axis=1)
+        tup = tuples[ok]
+        cost = own[d] + np.maximum(inner[ok] + edge[d, tup[:, 0]] + edge[tup[:, -1], d], gaps)
+        r0[d] = float(cost.min()) if len(cost) else math.inf
+        for i in range(hops):
+            np.minimum.at(ra[d], tup[:, i], cost)
+    return r0, ra
+
+
+def _slow_one(ra: float, r0: float, m: int, k: int, og: float) -> float:
+    """Least finish of a data node with one round trip >= ra and m - 1 others >= r0 on k chains."""
+    best = math.inf
+    for c in range(1, m + 1):
+        slow = ra + (c - 1) * (r0 + og)
+        rest = m - c
+        if rest and k <= 1:
+            continue
+        q = math.ceil(rest / (k - 1)) if rest else 0
+        other = q * r0 + (q - 1) * og if q else 0.0
+        best = min(best, max(slow, other))
+    return best
+
+
+def free_allocation_floor(problem, max_sets: int = 200_000, max_tuples: int = 2_000_000) -> FreeFloor:  # noqa: ANN001
+    """The load-aware floor over every allocation of ``problem`` (see the module text).
+
+    Tries every data-node set when there are at most ``max_sets``; otherwise returns the
+    set-free floor (the stage-0 size-th smallest data node floor), which is weaker but valid.
+    """
+    w = problem.workload
+    cm = problem.cost_model
+    n = problem.n
+    D = int(problem.stage_sizes[0])
+    m = w.microbatches_per_data_node
+    hops = w.path_length - 1
+    if n * math.perm(n - 1, max(0, hops)) > max_tuples:
+        raise ValueError(f"free_allocation_floor: {n} nodes with paths of {hops} nodes are too many to enumerate")
+    f = np.asarray(problem.forward_s, dtype=float)
+    mem = np.asarray(problem.memory, dtype=int)
+    r0, ra = _round_trips(problem)
+    tf = np.array([trip_floor(r0[d], f[d], f[d] * cm.backward_factor, m, max(1, int(mem[d])), cm.inject_gap_s,
+                              cm.op_gap_s) for d in range(n)])
+    order = np.argsort(tf, kind="stable")
+    if math.comb(n, D) > max_sets or hops <= 0:
+        return FreeFloor(float(tf[order[D - 1]]), tuple(int(x) for x in order[:D]), False)
+    og = cm.op_gap_s
+    slow = np.full((n, n), math.inf)
+    for d in range(n):
+        k = max(1, min(int(mem[d]), m))
+        for x in range(n):
+            if x != d and math.isfinite(ra[d, x]):
+                slow[d, x] = max(tf[d], _slow_one(ra[d, x], r0[d], m, k, og))
+    visits = D * m * hops
+    speed = 1.0 / f
+    best = (math.inf, ())
+    for data in itertools.combinations(range(n), D):
+        idx = list(data)
+        val = float(tf[idx].max())
+        if val >= best[0]:
+            continue
+        mask = np.ones(n, dtype=bool)
+        mask[idx] = False
+        others = np.flatnonzero(mask)
+        share = visits * speed[others] / speed[others].sum()
+        caps = np.maximum(1, np.ceil(share - 1e-9)).astype(int)  # as Problem.load_caps
+        must = visits - (caps.sum() - caps) > 0  # the others alone cannot take the visits
+        if must.any():
+            val = max(val, float(slow[np.ix_(idx, others[must])].min(axis=0).max()))
+        if val < best[0]:
+            best = (val, data)
+    return FreeFloor(best[0], tuple(int(x) for x in best[1]), True)

@@ -27,13 +27,13 @@ import json
 import os
 import re
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 from skippipe.errors import UserError
-from skippipe.plan.model import Plan, atomic_write_text
+from skippipe.fileio import atomic_write, atomic_write_text
+from skippipe.plan.model import Plan
 
 FORMAT = "skippipe-checkpoint"
 VERSION = 1
@@ -217,21 +217,8 @@ def save_stage(folder: Path, stage_index: int, module: Any, optimizer: Any) -> N
         for key, value in st.items():
             tensors[f"state.{idx}.{key}"] = value.detach().contiguous().cpu().reshape(value.shape)
     groups = [{k: (list(v) if isinstance(v, tuple) else v) for k, v in g.items()} for g in state["param_groups"]]
-    _atomic_save(save_file, tensors, folder / optim_name, {"param_groups": json.dumps(groups), "stage": str(stage_index)})
-
-
-def _atomic_save(save_file: Any, tensors: dict, path: Path, metadata: dict[str, str]) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        save_file(tensors, tmp, metadata=metadata)
-        with open(tmp, "rb") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    metadata = {"param_groups": json.dumps(groups), "stage": str(stage_index)}
+    atomic_write(folder / optim_name, lambda tmp: save_file(tensors, tmp, metadata=metadata))
 
 
 def load_stage(folder: Path, stage_index: int, module: Any, optimizer: Any) -> None:

@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from skippipe.errors import UserError
-from skippipe.plan.model import Plan, atomic_write_text, load_plan, save_plan
+from skippipe.fileio import atomic_write_text
+from skippipe.plan.model import Plan, load_plan, save_plan
 from skippipe.runtime import checkpoint as ckpt
 from skippipe.runtime.config import RunConfig
 from skippipe.runtime.metrics import METRICS_FILE, read_metrics

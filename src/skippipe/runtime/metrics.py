@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from skippipe.plan.model import atomic_write_text
+from skippipe.fileio import atomic_write_text
 
 METRICS_FILE = "metrics.jsonl"
 

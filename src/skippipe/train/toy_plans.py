@@ -1,5 +1,7 @@
-"""Small plans for single-process experiments and tests: no timing optimisation, only the
-structure that matters for learning (which stages each microbatch visits, in which order).
+"""Small hand-made plans for single-process tests (and the experiments' ``--plans toy``; by
+default the experiments in ``benchmarks/`` use the real planners): no timing optimisation,
+only the structure that matters for learning (which stages each microbatch visits, in which
+order).
 
 - ``skip_plan``: stage 0 of ``stage_sizes[0]`` data nodes with ``m`` microbatches each; every
   microbatch visits L-1 of the S-1 other stages. The (S-1 choose L-1) stage subsets are dealt
