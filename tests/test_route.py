@@ -253,3 +253,89 @@ def test_incremental_scores_equal_full_scores(problem, seed):
         if rng.random() < 0.5:
             state.accept(proposal)
             assert state.score.key() == ev.score(state.routes).key()
+
+
+# ----------------------------------------------------------------------------- free-allocation floor
+
+
+def _tiny_free_problem(seed: int, n: int, sizes: tuple[int, ...], L: int, m: int, memory: int):
+    rng = np.random.default_rng(seed)
+    t = rng.uniform(0.3, 1.5, size=(n, n))
+    t[0, :] += 3.0  # a remote node: every plan must still route its load (TC1 caps sum to the visits)
+    t[:, 0] += 3.0
+    np.fill_diagonal(t, 0.0)
+    cluster = Cluster(name="tiny", n=n, transfer_s=t, forward_s=np.full(n, 1.0))
+    w = Workload(num_stages=len(sizes), path_length=L, microbatches_per_data_node=m, memory=memory,
+                 n_layers=2 * len(sizes), max_swaps=1, max_jump=4, stage_sizes=sizes)
+    return build_problem(cluster, w)
+
+
+def _brute_force_best(problem) -> float:
+    """Least simulated makespan over every allocation and every routing under the caps."""
+    n = problem.n
+    sizes = problem.stage_sizes
+    m = problem.workload.microbatches_per_data_node
+    L = problem.workload.path_length
+    best = float("inf")
+    for data in itertools.combinations(range(n), sizes[0]):
+        rest = [x for x in range(n) if x not in data]
+        labels = set()
+        for perm in itertools.permutations(rest):
+            parts, k = [list(data)], 0
+            for s in sizes[1:]:
+                parts.append(sorted(perm[k:k + s]))
+                k += s
+            labels.add(tuple(tuple(p) for p in parts))
+        for stages in labels:
+            stages = [list(s) for s in stages]
+            caps = problem.load_caps(stages)
+            seqs = stage_sequences(len(sizes), L, problem.workload.max_swaps, problem.workload.max_jump)
+            paths = [tuple(nodes) for seq in seqs for nodes in itertools.product(*[stages[s] for s in seq])]
+            owners = [d for d in data for _ in range(m)]
+            for choice in itertools.product(paths, repeat=len(owners)):
+                load = {}
+                for p in choice:
+                    for x in p:
+                        load[x] = load.get(x, 0) + 1
+                if any(load.get(x, 0) > caps[x] for x in rest):
+                    continue
+                from skippipe.plan.model import Microbatch
+                mbs = [Microbatch(id=i, data_node=d, path=list(p)) for i, (d, p) in enumerate(zip(owners, choice))]
+                plan = problem.make_plan(stages, mbs, method="brute", seed=0)
+                assert not plan_violations(plan)
+                best = min(best, simulate(plan, record=False, bound=False).makespan_s)
+    return best
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("n, sizes, L, m, memory", [(6, (2, 2, 2), 2, 2, 1), (5, (1, 2, 2), 3, 2, 1)])
+def test_free_allocation_floor_holds_by_brute_force(seed, n, sizes, L, m, memory):
+    from skippipe.plan.route_bounds import free_allocation_floor
+
+    problem = _tiny_free_problem(seed, n, sizes, L, m, memory)
+    floor = free_allocation_floor(problem)
+    assert floor.exhaustive
+    set_free = free_allocation_floor(problem, max_sets=0)  # the weaker bound without the loads
+    assert not set_free.exhaustive and set_free.value <= floor.value + 1e-9
+    best = _brute_force_best(problem)
+    assert floor.value <= best + 1e-9
+    assert floor.value >= 0.95 * best  # close: equal on most of these
+
+
+def test_free_allocation_floor_counts_the_remote_load():
+    """On the tiny instance with a remote node the load term is what binds (the remote node
+    cannot be a data node cheaply, and whoever visits it is slow)."""
+    from skippipe.plan.route_bounds import free_allocation_floor
+
+    problem = _tiny_free_problem(0, 6, (2, 2, 2), 2, 2, 1)
+    assert free_allocation_floor(problem).value > free_allocation_floor(problem, max_sets=0).value + 0.5
+
+
+def test_free_allocation_floor_of_the_current_instance_is_above_the_target():
+    """Issue 5, target 3 (own allocation <= 0.70 x 77.72 s = 54.40 s) cannot be met."""
+    from skippipe.plan.route_bounds import free_allocation_floor
+
+    problem = build_problem(load_cluster("gcp20-current-free"), reference_problem("current").workload)
+    floor = free_allocation_floor(problem)
+    assert floor.exhaustive and floor.value == pytest.approx(54.598, abs=0.005)
+    assert floor.value > 0.70 * 77.72

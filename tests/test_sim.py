@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from skippipe.bounds import compute_bound, lower_bound, memory_floor
+from skippipe.bounds import compute_bound, data_node_floor, lower_bound, memory_floor
 from skippipe.errors import PlanError
 from skippipe.plan.model import Constraints, Costs, Microbatch, Plan
 from skippipe.plan.validate import path_rule_violation, plan_violations
@@ -174,7 +174,11 @@ def test_compute_bound_and_memory_floor_by_hand():
     # floor: ceil(4/2) = 2 round trips of data node F+L+B (5.5) + hops 4 x 1 + F+B on one node (5)
     floor = memory_floor(plan.stages, plan.costs, 2, 4, 2, 1, 4)
     assert floor == pytest.approx(2 * (5.5 + 4 + 5) + 0.13)
-    assert lower_bound(plan) == pytest.approx(max(floor, compute_bound(plan)))
+    # data-node floor: R = 14.5, F = 2, B = 3; the last injection waits for 2 final backwards
+    # (from R - B on) and one injection: (R - B) + 2 (B + 0.13) + (F + 0.09) + R
+    dn = data_node_floor(plan.stages, plan.costs, 2, 4, 2, 1, 4)
+    assert dn == pytest.approx((14.5 - 3) + 2 * 3.13 + 2.09 + 14.5)
+    assert lower_bound(plan) == pytest.approx(max(floor, dn, compute_bound(plan)))
     assert simulate(plan).makespan_s >= lower_bound(plan)
 
 

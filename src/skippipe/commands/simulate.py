@@ -13,7 +13,7 @@ import json
 import math
 from typing import Any
 
-from skippipe.bounds import compute_bound, plan_memory_floor
+from skippipe.bounds import compute_bound, plan_data_node_floor, plan_memory_floor
 from skippipe.errors import UserError
 from skippipe.plan.model import Plan, load_plan
 from skippipe.sim import SimResult, simulate
@@ -69,6 +69,7 @@ def summary(plan: Plan, result: SimResult) -> dict[str, Any]:
         "lower_bound_s": _round(lb),
         "compute_bound_s": _round(compute_bound(plan)),
         "memory_floor_s": _round(plan_memory_floor(plan)) if lb else None,
+        "data_node_floor_s": _round(plan_data_node_floor(plan)) if lb else None,
         "ratio": _round(result.makespan_s / lb) if lb > 0 and result.finished else None,
         "microbatch_wait_s": {str(k): round(v, 4) for k, v in sorted(mb_wait.items())},
         "nodes": nodes,
@@ -94,7 +95,9 @@ def format_table(doc: dict[str, Any], title: str) -> str:
             f"({', '.join(map(str, stuck[:10]))}{' ...' if len(stuck) > 10 else ''}); last finish {doc['last_finish_s']:.2f} s"
         )
     floor = doc["memory_floor_s"]
-    parts = f"compute bound {doc['compute_bound_s']:.2f} s" + (f", memory floor {floor:.2f} s" if floor is not None else "")
+    parts = f"compute bound {doc['compute_bound_s']:.2f} s"
+    if floor is not None:
+        parts += f", memory floor {floor:.2f} s, data-node floor {doc['data_node_floor_s']:.2f} s"
     lines.append(f"lower bound   {doc['lower_bound_s']:.2f} s ({parts})")
     if doc["ratio"] is not None:
         lines.append(f"ratio         {doc['ratio']:.3f} (makespan / lower bound)")

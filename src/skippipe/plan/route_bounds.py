@@ -37,6 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from skippipe.bounds import round_trip_chain, trip_floor
+from skippipe.errors import UserError
 
 __all__ = ["trip_floor", "data_node_floor", "free_allocation_floor", "FreeFloor"]
 
@@ -120,7 +121,7 @@ def free_allocation_floor(problem, max_sets: int = 200_000, max_tuples: int = 2_
     m = w.microbatches_per_data_node
     hops = w.path_length - 1
     if n * math.perm(n - 1, max(0, hops)) > max_tuples:
-        raise ValueError(f"free_allocation_floor: {n} nodes with paths of {hops} nodes are too many to enumerate")
+        raise UserError(f"free_allocation_floor: {n} nodes with paths of {hops} nodes are too many to enumerate")
     f = np.asarray(problem.forward_s, dtype=float)
     mem = np.asarray(problem.memory, dtype=int)
     r0, ra = _round_trips(problem)
