@@ -9,7 +9,10 @@ embedding, its layers, head; never omitted):
 - 4 stages of 3 layers: full-trained vs skip-25 % (S=4, L=3); half of the stages = 2 omitted
 
 The models are the checkpoints of ``benchmarks/convergence.py`` (same size, data and
-samples); missing ones are trained here the same way.
+samples; by default trained on the plans of the real planners, ``full`` and ``skippipe``);
+missing ones are trained here the same way (``--plans toy``: on the hand-made plans). The plan
+each checkpoint was trained with (its ``plan.json``) is printed: stage sequences and visits
+per stage.
 
     python3 benchmarks/convergence.py --out docs/images     # trains and saves the checkpoints
     python3 benchmarks/robustness.py --out docs/images      # ~1 min on one core
@@ -42,7 +45,8 @@ import convergence  # noqa: E402
 from skippipe.data.dataset import token_data_for  # noqa: E402
 from skippipe.eval import omission_sweep  # noqa: E402
 from skippipe.model.checkpoint import load_checkpoint, load_model, save_checkpoint  # noqa: E402
-from skippipe.plan.model import atomic_write_text  # noqa: E402
+from skippipe.fileio import atomic_write_text  # noqa: E402
+from skippipe.plan.model import load_plan  # noqa: E402
 from skippipe.train.loop import train_plan  # noqa: E402
 
 LAYOUTS = {
@@ -66,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ffn-dim", type=int, default=176)
     ap.add_argument("--vocab", type=int, default=2048)
     ap.add_argument("--divisor", default="visits")
+    ap.add_argument("--plans", default="planner", choices=["planner", "toy"])
     ap.add_argument("--swaps", type=float, default=0.25)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--cache-dir", default=None)
@@ -78,23 +83,29 @@ def main(argv: list[str] | None = None) -> int:
 
     cfg = convergence.experiment_config(args)
     data = token_data_for(cfg)
-    plans = {convergence.slug(name): (name, plan) for name, plan in convergence.plans(args).items()}
+    names = {convergence.slug(name): name for name in convergence.PLANNER_RUNS}
     models = {}
 
     def model_for(run: str):
         if run in models:
             return models[run]
-        if run not in plans:
-            raise SystemExit(f"unknown run {run!r} (known: {', '.join(plans)})")
-        name, plan = plans[run]
+        if run not in names:
+            raise SystemExit(f"unknown run {run!r} (known: {', '.join(names)})")
+        name = names[run]
         path = ckdir / f"ckpt-{run}"
         if not (path / "config.json").is_file():
+            plan = convergence.plans(args)[name]
             print(f"{path} missing: training {name} ({args.steps} iterations)")
             model_cfg = cfg.model_config(data.vocab_size)
             ex, _ = train_plan(plan, cfg, data, model_cfg, desc=run)
             save_checkpoint(path, model_cfg, ex.state_dict(), ex.iteration, plan.layers, train=cfg.to_dict(), plan=plan,
                             tokenizer=data.tokenizer)
         ckpt = load_checkpoint(path)
+        if ckpt.plan_file is not None:
+            info = convergence.plan_summary(load_plan(ckpt.plan_file, validate=False))
+            seqs = ", ".join(f"0-{k} x{v}" for k, v in info["sequences"].items())
+            print(f"{path}: trained on a {info['method']} plan, nodes per stage {info['nodes_per_stage']}, "
+                  f"{info['microbatches']} microbatches; stage sequences {seqs}; visits per stage {info['visits_per_stage']}")
         models[run] = (name, ckpt, load_model(ckpt))
         return models[run]
 
