@@ -339,3 +339,36 @@ def test_free_allocation_floor_of_the_current_instance_is_above_the_target():
     floor = free_allocation_floor(problem)
     assert floor.exhaustive and floor.value == pytest.approx(54.598, abs=0.005)
     assert floor.value > 0.70 * 77.72
+
+
+# ----------------------------------------------------------------------------- no-tc2 load rule
+
+
+def test_no_tc2_keeps_each_round_within_the_slots_on_the_current_instance():
+    """The static load rule: a data node injects round by round (M at a time) and no node gets
+    more microbatches of one round than it has activation slots (a path within the limit
+    exists on this instance, and no path beyond it is less than half as costly)."""
+    from skippipe.plan.route_assign import round_of
+
+    problem = reference_problem("current")
+    plan = plan_no_tc2(problem)
+    per_round: dict[tuple[int, int], int] = {}
+    k_of: dict[int, int] = {}
+    for mb in sorted(plan.microbatches, key=lambda mb: mb.id):
+        k = k_of.get(mb.data_node, 0)
+        k_of[mb.data_node] = k + 1
+        r = round_of(problem, mb.data_node, k)
+        for x in mb.path:
+            per_round[(r, x)] = per_round.get((r, x), 0) + 1
+    assert max(per_round.values()) <= int(problem.memory.min())
+    assert max(per_round.values()) == int(problem.memory.min())  # the rule binds here
+
+
+def test_no_tc2_is_no_worse_than_the_reference_no_tc2_plan():
+    """Our collision-blind baseline against the reference's own no-TC2 plan, same allocation,
+    same simulator (current-code instance)."""
+    from skippipe.reference import reference_plan
+
+    ours = simulate(plan_no_tc2(reference_problem("current")), record=False).makespan_s
+    theirs = simulate(reference_plan("current", "nonca"), record=False).makespan_s
+    assert ours <= theirs

@@ -1,9 +1,9 @@
 """The SkipPipe path scheduler: methods ``skippipe-no-tc2`` and ``skippipe``.
 
 ``plan_no_tc2`` chooses paths for the network and the load only: every microbatch gets a cheap
-valid path (CC1-CC3) under the TC1 caps, ignoring when microbatches meet on a node
-(``route_assign``). A data node's distinct paths take turns in its injection order, slowest
-first. When the cluster fixes no allocation, both methods start from ``allocate`` (the
+valid path (CC1-CC3) under the TC1 caps and a static per-round slot limit, ignoring when
+microbatches meet on a node (``route_assign``; nothing is simulated). A data node injects its
+microbatches round by round, slowest path first within a round. When the cluster fixes no allocation, both methods start from ``allocate`` (the
 allocation helper's GCMA-style search).
 
 ``plan_skippipe`` is collision-aware (TC2). It starts from the ``skippipe-no-tc2`` plan and
@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from skippipe.errors import UserError
 from skippipe.plan.model import Microbatch, Plan
 from skippipe.plan.problem import Problem
-from skippipe.plan.route_assign import assign_static
+from skippipe.plan.route_assign import assign_static, round_of
 from skippipe.plan.route_eval import Evaluator, Incremental, Route, Score
 from skippipe.plan.route_groups import group_allocation, private_chains
 from skippipe.plan.route_paths import RouteCosts, stage_sequences
@@ -87,8 +87,9 @@ def _sequences(problem: Problem, stages: list[list[int]]) -> tuple[tuple[int, ..
 def static_routes(problem: Problem, stages: list[list[int]], caps: list[int] | None = None) -> list[Route]:
     """The ``skippipe-no-tc2`` routing: min-cost paths under the caps (``assign_static``).
 
-    Injection order: the data node's distinct paths take turns, slowest path first, so the
-    microbatches in flight together do not all start on the same path. Paths with swaps can
+    Paths are chosen round by round (``route_assign``: a node takes no more microbatches of
+    one round than it has activation slots); a data node injects round by round, slowest path
+    first within a round. Paths with swaps can
     wait on each other for memory in a circle (a deadlock, with little memory); if the routing
     does not finish in the simulator it is redone without swaps, where the microbatch furthest
     along can always move on.
@@ -107,17 +108,10 @@ def _static_routes(problem: Problem, stages: list[list[int]], caps: list[int], m
     rc = RouteCosts.from_problem(problem)
     routes: list[Route] = []
     for d in stages[0]:
-        by_path: dict[tuple[int, ...], int] = {}
-        for path in paths.get(d, []):
-            key = tuple(int(x) for x in path)
-            by_path[key] = by_path.get(key, 0) + 1
-        queue = sorted(by_path, key=lambda p: (-rc.round_trip(d, p), p))
-        while queue:
-            for path in list(queue):
-                routes.append((int(d), path))
-                by_path[path] -= 1
-                if not by_path[path]:
-                    queue.remove(path)
+        plist = [tuple(int(x) for x in p) for p in paths.get(d, [])]
+        # round by round (the greedy's rounds: a node's slots suffice within one), slowest first
+        order = sorted(range(len(plist)), key=lambda k: (round_of(problem, d, k), -rc.round_trip(d, plist[k]), plist[k]))
+        routes += [(int(d), plist[k]) for k in order]
     return routes
 
 

@@ -7,6 +7,13 @@ cheap nodes run out), each on the cheapest path through nodes with capacity left
 check keeps the greedy from painting itself into a corner: a path is only taken when the
 microbatches still to route can each find L-1 distinct stages with capacity afterwards. A few
 re-routing passes then move microbatches to cheaper paths that freed up.
+
+Load rule (static, collision-blind): a data node with M activation slots has its microbatches
+in flight M at a time, in *rounds* (``round_of``). While a path exists within the limit, a node
+takes at most as many microbatches of one round as it has slots, so the microbatches in flight
+together never need more activation slots on a node than it has (the main source of waiting
+when several data nodes share cheap nodes); a path beyond that limit is taken only when it costs
+less than half as much (``ROUND_TOLERANCE``). Times are never simulated.
 """
 
 from __future__ import annotations
@@ -47,6 +54,28 @@ class Capacity:
         self._reps: list[np.ndarray | None] = [None] * len(self.stages)
         self.version = [0] * len(self.stages)  # bumped whenever a stage's representatives change
         self._chains: dict[tuple, tuple[float, list[int]]] = {}
+        # optional per-round memory limit (``use_round``): in round r a node takes at most
+        # ``round_cap[x]`` microbatches (its activation slots), counted in ``round_used[r]``
+        self.round_cap: np.ndarray | None = None
+        self.round_used: dict[int, np.ndarray] = {}
+        self.round: int | None = None
+
+    def use_round(self, r: int | None) -> None:
+        """Restrict the representatives to nodes with a free slot in round ``r`` (None: no limit)."""
+        if r == self.round:
+            return
+        self.round = r
+        if r is not None:
+            self.round_used.setdefault(r, np.zeros(len(self.left), dtype=int))
+        self._reps = [None] * len(self.stages)
+        self.version = [v + 1 for v in self.version]
+
+    def _live(self, x: int) -> bool:
+        if self.left[x] <= 0:
+            return False
+        if self.round is None or self.round_cap is None:
+            return True
+        return bool(self.round_used[self.round][x] < self.round_cap[x])
 
     def reps(self, s: int) -> np.ndarray:
         """One node with capacity left per class of stage s."""
@@ -54,7 +83,7 @@ class Capacity:
         if r is None:
             out = []
             for nodes in self.members[s].values():
-                live = [x for x in nodes if self.left[x] > 0]
+                live = [x for x in nodes if self._live(x)]
                 if live:
                     out.append(min(live, key=lambda x: (self.left[x], x)))
             r = np.asarray(sorted(out), dtype=int)
@@ -83,12 +112,17 @@ class Capacity:
         if old is None or not np.array_equal(old, self.reps(s)):
             self.version[s] += 1
 
-    def take(self, path: list[int]) -> None:
+    def take(self, path: list[int], r: int | None = None) -> None:
+        """Use one visit of each node of ``path`` (and, with ``r``, one of its slots in round r)."""
         for x in path:
+            if r is not None:
+                self.round_used.setdefault(r, np.zeros(len(self.left), dtype=int))[x] += 1
             self._touch(x, -1)
 
-    def give(self, path: list[int]) -> None:
+    def give(self, path: list[int], r: int | None = None) -> None:
         for x in path:
+            if r is not None:
+                self.round_used[r][x] -= 1
             self._touch(x, +1)
 
     def feasible_after(self, seq: tuple[int, ...], remaining: int) -> bool:
@@ -157,7 +191,8 @@ def sequence_quotas(
 
 
 def assign_static(
-    problem, stages: list[list[int]], caps: list[int], passes: int = 4, max_swaps: int | None = None  # noqa: ANN001
+    problem, stages: list[list[int]], caps: list[int], passes: int = 4, max_swaps: int | None = None,  # noqa: ANN001
+    use_rounds: bool = True,
 ) -> Paths:
     """Cheap valid paths for all microbatches under the caps, ignoring time collisions.
 
@@ -172,7 +207,7 @@ def assign_static(
     if not seqs:
         raise UserError(f"no stage order of length L={w.path_length} satisfies the path rules (CC2/CC3)")
     classes = node_classes(problem.transfer_s, problem.forward_s, problem.memory)
-    paths = _greedy(problem, rc, stages, caps, classes, seqs, None)
+    paths = _greedy(problem, rc, stages, caps, classes, seqs, None, use_rounds)
     if paths is None:
         total = len(stages[0]) * w.microbatches_per_data_node
         stage_caps = [0] + [int(sum(caps[x] for x in s)) for s in stages[1:]]
@@ -182,59 +217,102 @@ def assign_static(
                 f"no routing respects the per-node load caps (TC1): the stages can take {stage_caps[1:]} visits, "
                 f"too few for {total} microbatches on paths of {w.path_length} stages"
             )
-        paths = _greedy(problem, rc, stages, caps, classes, seqs, quotas)
+        paths = _greedy(problem, rc, stages, caps, classes, seqs, quotas, use_rounds)
         assert paths is not None, "routing with feasible sequence quotas cannot fail"
     cap = Capacity(stages, caps, classes)
-    for plist in paths.values():
-        for path in plist:
-            cap.take(path)
+    cap.round_cap = np.asarray(problem.memory, dtype=int)
+    rounds = {d: [round_of(problem, d, k) for k in range(len(plist))] for d, plist in paths.items()} if use_rounds else None
+    for d, plist in paths.items():
+        for k, path in enumerate(plist):
+            cap.take(path, None if rounds is None else rounds[d][k])
     slots = {d: int(problem.memory[d]) for d in paths}
     gap = problem.cost_model.op_gap_s
     for _ in range(passes):
-        moved = improve_static(rc, cap, paths, seqs)
-        swapped = exchange_nodes(rc, cap.stages, paths, slots, gap)
+        moved = improve_static(rc, cap, paths, seqs, rounds)
+        swapped = exchange_nodes(rc, cap.stages, paths, slots, gap, rounds=rounds)
         if not (moved or swapped):
             break
     return paths
 
 
-def _greedy(problem, rc, stages, caps, classes, seqs, quotas) -> Paths | None:  # noqa: ANN001
-    """Round robin over the data nodes (slowest first), cheapest path each; None if stuck."""
+def _greedy(problem, rc, stages, caps, classes, seqs, quotas, rounds: bool = True) -> Paths | None:  # noqa: ANN001
+    """Round robin over the data nodes (slowest first), cheapest path each; None if stuck.
+
+    With ``rounds`` a node takes at most as many microbatches of one round (``round_of``) as it
+    has activation slots, while a path within that limit exists: microbatches in flight
+    together then do not wait for each other's slots (a static, collision-blind load rule).
+    """
     m = problem.workload.microbatches_per_data_node
     cap = Capacity(stages, caps, classes)
+    cap.round_cap = np.asarray(problem.memory, dtype=int)
     order = critical_order(rc, cap, seqs)
     paths: Paths = {d: [] for d in order}
     left = dict(quotas) if quotas is not None else None
     total = m * len(order)
     done = 0
-    for _ in range(m):
+    for k in range(m):
         for d in order:
             done += 1
             allowed = seqs if left is None else tuple(q for q in seqs if left.get(q, 0) > 0)
+            r = round_of(problem, d, k) if rounds else None
+            cap.use_round(r)
             cost, path = route_one(rc, cap, d, allowed, total - done if left is None else 0)
+            if r is not None:  # a path beyond the round's slots, when it is much cheaper (or the only one)
+                cap.use_round(None)
+                free_cost, free_path = route_one(rc, cap, d, allowed, total - done if left is None else 0)
+                if free_path and (not path or cost > ROUND_TOLERANCE * free_cost):
+                    cost, path = free_cost, free_path
             if not path:
                 return None
             if left is not None:
                 left[tuple(cap.stage_of[x] for x in path)] -= 1
-            cap.take(path)
+            cap.take(path, r)
             paths[d].append(path)
+    cap.use_round(None)
     return paths
 
 
-def improve_static(rc: RouteCosts, cap: Capacity, paths: Paths, seqs: tuple[tuple[int, ...], ...]) -> bool:
-    """One pass: move each microbatch to a cheaper path if capacity freed up. True if any moved."""
+# a path beyond the round's slots is taken instead when it costs less than 1 / ROUND_TOLERANCE of
+# the best path within them (waiting for a slot costs about one round trip more, not several)
+ROUND_TOLERANCE = 2.0
+
+
+def round_of(problem, data_node: int, k: int) -> int:  # noqa: ANN001
+    """The round of a data node's k-th microbatch: with M activation slots, microbatches
+    0..M-1 are in flight together, then M..2M-1, and so on."""
+    return k // max(1, int(problem.memory[data_node]))
+
+
+def improve_static(
+    rc: RouteCosts, cap: Capacity, paths: Paths, seqs: tuple[tuple[int, ...], ...], rounds: dict[int, list[int]] | None = None
+) -> bool:
+    """One pass: move each microbatch to a cheaper path if capacity freed up (within its
+    round's slots when ``rounds`` gives each microbatch's round). True if any moved."""
     moved = False
-    for d, plist in paths.items():
-        for i, old in enumerate(plist):
-            old_cost = rc.round_trip(d, old)
-            cap.give(old)
-            cost, path = route_one(rc, cap, d, seqs, 0)
-            if path and cost < old_cost - 1e-9:
-                plist[i] = path
-                moved = True
-            else:
-                path = old
-            cap.take(path)
+    # round by round, so that the per-round representatives are rebuilt once per round
+    todo = [(None if rounds is None else rounds[d][i], k, d, i)
+            for k, (d, plist) in enumerate(paths.items()) for i in range(len(plist))]
+    todo.sort(key=lambda t: (-1 if t[0] is None else t[0], t[1], t[3]))
+    for r, _, d, i in todo:
+        plist = paths[d]
+        old = plist[i]
+        old_cost = rc.round_trip(d, old)
+        cap.give(old, r)
+        cap.use_round(r)
+        cost, path = route_one(rc, cap, d, seqs, 0)
+        if r is not None:  # beyond the round's slots only when much cheaper than both
+            cap.use_round(None)
+            free_cost, free_path = route_one(rc, cap, d, seqs, 0)
+            cap.use_round(r)
+            if free_path and ROUND_TOLERANCE * free_cost < min(old_cost, cost if path else float("inf")):
+                cost, path = free_cost, free_path
+        if path and cost < old_cost - 1e-9:
+            plist[i] = path
+            moved = True
+        else:
+            path = old
+        cap.take(path, r)
+    cap.use_round(None)
     return moved
 
 
@@ -249,7 +327,8 @@ def slot_estimate(trips: list[float], slots: int, gap: float) -> float:
 
 
 def exchange_nodes(
-    rc: RouteCosts, stages: list[list[int]], paths: Paths, slots: dict[int, int], gap: float, candidates: int = 8
+    rc: RouteCosts, stages: list[list[int]], paths: Paths, slots: dict[int, int], gap: float, candidates: int = 8,
+    rounds: dict[int, list[int]] | None = None,
 ) -> bool:
     """One pass of pairwise exchanges: two microbatches swap their nodes of one stage when that
     lowers the later of their data nodes' estimated finishes (``slot_estimate``), or keeps it
@@ -298,6 +377,8 @@ def exchange_nodes(
                     path_j = paths[dj][kj]
                     if j == i or x in path_j:
                         continue
+                    if rounds is not None and rounds[di][ki] != rounds[dj][kj]:
+                        continue  # the round loads would change
                     new_i = [y if v == x else v for v in path_i]
                     new_j = [x if v == y else v for v in path_j]
                     ci, cj = rc.round_trip(di, new_i), rc.round_trip(dj, new_j)
