@@ -98,7 +98,7 @@ def replay_table(args: argparse.Namespace) -> list[str]:
 
 # Microbatches the reference simulator never finished: on the current instance's random plan the
 # second microbatch (d = 1) of agents 12 and 13 (data node 19) waits for its partner with a free
-# memory slot, and the reference's loop never looks at it again (docs/sections/simulator.md).
+# memory slot, and the reference's loop never looks at it again (README, "Replaying the reference").
 LOST_AGENTS = {("current", "random"): (12, 13)}
 
 

@@ -8,7 +8,7 @@ Every microbatch runs this chain of operations (route ``d, p1, .., pk, d``)::
 ``loss_factor * forward_s``, ``B`` ``backward_factor * forward_s``; a hop i -> j takes
 ``transfer_s[i][j]`` and occupies no node. The loss is a separate operation on the data node
 and the gradient travels back to the last path node: this is what the reference simulator does
-and what reproduces its figures (see docs/sections/simulator.md).
+and what reproduces its figures (see the README, "What the simulator models").
 
 Node service (the reference's rules): one operation at a time; after an injection (``F`` on the
 data node) the node idles ``inject_gap_s``, after any other operation ``op_gap_s``. A forward
