@@ -145,6 +145,36 @@ def _min_plus(dist: np.ndarray, step: np.ndarray) -> np.ndarray:
     return out
 
 
+def _data_node_trips(
+    stages: Sequence[Sequence[int]],
+    costs: Costs,
+    memory: int | Sequence[int],
+    microbatches_per_data_node: int | Mapping[int, int],
+    path_length: int,
+    max_swaps: int,
+    max_jump: int,
+) -> list[tuple[int, int, float, float]]:
+    """(microbatches, activation slots, forward seconds, fastest round trip) of every data node
+    that has microbatches; the round trip is inf when no valid path exists."""
+    data = list(stages[0])
+    n = int(np.asarray(costs.forward_s).shape[0])
+    mem = [int(memory)] * n if isinstance(memory, (int, np.integer)) else [int(x) for x in memory]
+    if isinstance(microbatches_per_data_node, Mapping):
+        counts = {d: int(microbatches_per_data_node.get(d, 0)) for d in data}
+    else:
+        counts = {d: int(microbatches_per_data_node) for d in data}
+    chain = round_trip_chain(stages, costs, path_length, max_swaps, max_jump)
+    fwd = np.asarray(costs.forward_s, dtype=float)
+    trips = []
+    for d in data:
+        if counts[d] <= 0:
+            continue
+        f = float(fwd[d])
+        own = f * (1.0 + costs.loss_factor + costs.backward_factor)
+        trips.append((counts[d], max(1, mem[d]), f, own + max(chain[d], costs.inject_gap_s + costs.op_gap_s)))
+    return trips
+
+
 def memory_floor(
     stages: Sequence[Sequence[int]],
     costs: Costs,
@@ -155,23 +185,10 @@ def memory_floor(
     max_jump: int,
 ) -> float:
     """The memory floor of an allocation (see the module text); inf when no valid path exists."""
-    data = list(stages[0])
-    n = int(np.asarray(costs.forward_s).shape[0])
-    mem = [int(memory)] * n if isinstance(memory, (int, np.integer)) else [int(x) for x in memory]
-    if isinstance(microbatches_per_data_node, Mapping):
-        counts = {d: int(microbatches_per_data_node.get(d, 0)) for d in data}
-    else:
-        counts = {d: int(microbatches_per_data_node) for d in data}
-    chain = round_trip_chain(stages, costs, path_length, max_swaps, max_jump)
-    fwd = np.asarray(costs.forward_s, dtype=float)
+    trips = _data_node_trips(stages, costs, memory, microbatches_per_data_node, path_length, max_swaps, max_jump)
     floor = 0.0
-    for d in data:
-        m = counts[d]
-        if m <= 0:
-            continue
-        rounds = math.ceil(m / max(1, mem[d]))
-        own = float(fwd[d]) * (1.0 + costs.loss_factor + costs.backward_factor)
-        trip = own + max(chain[d], costs.inject_gap_s + costs.op_gap_s)
+    for m, slots, _, trip in trips:
+        rounds = math.ceil(m / slots)
         floor = max(floor, rounds * trip + (rounds - 1) * costs.op_gap_s)
     return floor
 
@@ -202,21 +219,10 @@ def data_node_floor(
 ) -> float:
     """The data-node floor of an allocation (see the module text; never below the memory
     floor); inf when no valid path exists."""
-    data = list(stages[0])
-    n = int(np.asarray(costs.forward_s).shape[0])
-    mem = [int(memory)] * n if isinstance(memory, (int, np.integer)) else [int(x) for x in memory]
-    if isinstance(microbatches_per_data_node, Mapping):
-        counts = {d: int(microbatches_per_data_node.get(d, 0)) for d in data}
-    else:
-        counts = {d: int(microbatches_per_data_node) for d in data}
-    chain = round_trip_chain(stages, costs, path_length, max_swaps, max_jump)
-    fwd = np.asarray(costs.forward_s, dtype=float)
+    trips = _data_node_trips(stages, costs, memory, microbatches_per_data_node, path_length, max_swaps, max_jump)
     floor = 0.0
-    for d in data:
-        f = float(fwd[d])
-        trip = f * (1.0 + costs.loss_factor + costs.backward_factor) + max(chain[d], costs.inject_gap_s + costs.op_gap_s)
-        floor = max(floor, trip_floor(trip, f, f * costs.backward_factor, counts[d], max(1, mem[d]),
-                                      costs.inject_gap_s, costs.op_gap_s))
+    for m, slots, f, trip in trips:
+        floor = max(floor, trip_floor(trip, f, f * costs.backward_factor, m, slots, costs.inject_gap_s, costs.op_gap_s))
     return floor
 
 
