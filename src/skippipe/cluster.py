@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from skippipe.config_fields import reject_unknown_keys
 from skippipe.costs import forward_seconds, transfer_seconds
 from skippipe.errors import ClusterError
 
@@ -230,9 +231,7 @@ KNOWN_KEYS = {
 
 
 def cluster_from_dict(data: dict[str, Any], where: str = "cluster") -> Cluster:
-    unknown = sorted(set(data) - KNOWN_KEYS)
-    if unknown:
-        raise ClusterError(f"{where}: unknown key(s) {', '.join(unknown)} (known: {', '.join(sorted(KNOWN_KEYS))})")
+    reject_unknown_keys(data, KNOWN_KEYS, where, error=ClusterError)
     sources = [k for k in ("locations", "latency_ms", "transfer_s") if k in data]
     if "transfer_s" in data and ("latency_ms" in data or "locations" in data and "bandwidth_GBps" in data):
         raise ClusterError(f"{where}: give either transfer_s or latency_ms/bandwidth_GBps, not both")

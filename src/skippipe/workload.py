@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from skippipe.config_fields import reject_unknown_keys, value_like
 from skippipe.errors import UserError
 
 
@@ -96,10 +97,8 @@ class Workload:
 
 
 def workload_from_dict(data: dict[str, Any], where: str = "workload") -> Workload:
-    known = {f.name for f in fields(Workload)}
-    unknown = sorted(set(data) - known)
-    if unknown:
-        raise UserError(f"{where}: unknown key(s) {', '.join(unknown)} (known: {', '.join(sorted(known))})")
+    reject_unknown_keys(data, (f.name for f in fields(Workload)), where)
+    defaults = Workload()
     kwargs: dict[str, Any] = {}
     for key, value in data.items():
         if key == "stage_sizes":
@@ -107,7 +106,7 @@ def workload_from_dict(data: dict[str, Any], where: str = "workload") -> Workloa
                 if not isinstance(value, list) or not all(isinstance(v, int) for v in value):
                     raise UserError(f"{where}: stage_sizes must be a list of integers")
                 value = tuple(value)
-        elif not isinstance(value, int) or isinstance(value, bool):
-            raise UserError(f"{where}: {key} must be an integer, got {value!r}")
+        else:
+            value = value_like(getattr(defaults, key), value, key, where)
         kwargs[key] = value
     return Workload(**kwargs)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
+from skippipe.config_fields import reject_unknown_keys, value_like
 from skippipe.errors import UserError
 
 
@@ -83,15 +84,8 @@ def model_config_from_dict(data: dict[str, Any], base: ModelConfig | None = None
     data = dict(data)
     if "preset" in data:
         base = get_preset(str(data.pop("preset")))
-    known = {f.name for f in fields(ModelConfig)}
-    unknown = sorted(set(data) - known)
-    if unknown:
-        raise UserError(f"{where}: unknown key(s) {', '.join(unknown)} (known: preset, {', '.join(sorted(known))})")
-    floats = {"rope_theta", "norm_eps", "init_std"}
+    base = base or ModelConfig()
+    reject_unknown_keys(data, ["preset", *(f.name for f in fields(ModelConfig))], where)
     for key, value in data.items():
-        ok = isinstance(value, (int, float)) if key in floats else isinstance(value, int)
-        if isinstance(value, bool) or not ok:
-            raise UserError(f"{where}: {key} must be a {'number' if key in floats else 'integer'}, got {value!r}")
-        if key in floats:
-            data[key] = float(value)
-    return replace(base or ModelConfig(), **data)
+        data[key] = value_like(getattr(base, key), value, key, where)
+    return replace(base, **data)

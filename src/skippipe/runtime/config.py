@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from skippipe.config_fields import reject_unknown_keys, value_like
 from skippipe.errors import UserError
 from skippipe.workload import Workload
 
@@ -169,30 +170,16 @@ def _at_least(obj: Any, name: str, low: int) -> None:
 def _section(cls: type, data: Any, where: str) -> Any:
     if not isinstance(data, dict):
         raise UserError(f"{where} must be a table")
-    known = {f.name: f for f in fields(cls)}
-    unknown = sorted(set(data) - set(known))
-    if unknown:
-        raise UserError(f"{where}: unknown key(s) {', '.join(unknown)} (known: {', '.join(sorted(known))})")
+    reject_unknown_keys(data, (f.name for f in fields(cls)), where)
     defaults = cls()
     kwargs: dict[str, Any] = {}
     for key, value in data.items():
-        default = getattr(defaults, key)
         if key == "stage_sizes":
             if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
                 raise UserError(f"{where}: stage_sizes must be a list of integers")
             value = tuple(value)
-        elif isinstance(default, bool):
-            if not isinstance(value, bool):
-                raise UserError(f"{where}: {key} must be true or false, got {value!r}")
-        elif isinstance(default, int):
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise UserError(f"{where}: {key} must be an integer, got {value!r}")
-        elif isinstance(default, float):
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise UserError(f"{where}: {key} must be a number, got {value!r}")
-            value = float(value)
-        elif not isinstance(value, str):
-            raise UserError(f"{where}: {key} must be a string, got {value!r}")
+        else:
+            value = value_like(getattr(defaults, key), value, key, where)
         kwargs[key] = value
     return cls(**kwargs)
 

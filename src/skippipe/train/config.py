@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from skippipe.config_fields import reject_unknown_keys, value_like
 from skippipe.errors import UserError
 from skippipe.model.config import ModelConfig, model_config_from_dict
 CORPORA = ("shakespeare", "bible")
@@ -107,14 +108,10 @@ def train_config_from_dict(data: dict[str, Any], where: str = "train") -> TrainC
         data = dict(data["train"])
         if model is not None:
             data["model"] = model
-    types = {f.name: f.type for f in fields(TrainConfig)}
-    unknown = sorted(set(data) - set(types))
-    if unknown:
-        raise UserError(f"{where}: unknown key(s) {', '.join(unknown)} (known: {', '.join(sorted(types))})")
+    reject_unknown_keys(data, (f.name for f in fields(TrainConfig)), where)
     defaults = TrainConfig()
     kwargs: dict[str, Any] = {}
     for key, value in data.items():
-        default = getattr(defaults, key)
         if key == "model":
             if not isinstance(value, dict):
                 raise UserError(f"{where}: model must be a table such as {{preset = \"tiny\"}}")
@@ -125,20 +122,8 @@ def train_config_from_dict(data: dict[str, Any], where: str = "train") -> TrainC
             if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
                 raise UserError(f"{where}: corpus must be a list of names")
             kwargs[key] = tuple(value)
-        elif key == "cache_dir" or isinstance(default, str):
-            if not isinstance(value, str):
-                raise UserError(f"{where}: {key} must be a string, got {value!r}")
-            kwargs[key] = value
-        elif isinstance(default, bool) or isinstance(value, bool):
-            raise UserError(f"{where}: {key} must be a number, got {value!r}")
-        elif isinstance(default, int):
-            if not isinstance(value, int):
-                raise UserError(f"{where}: {key} must be an integer, got {value!r}")
-            kwargs[key] = value
-        else:
-            if not isinstance(value, (int, float)):
-                raise UserError(f"{where}: {key} must be a number, got {value!r}")
-            kwargs[key] = float(value)
+        else:  # cache_dir (default None) must be a string too
+            kwargs[key] = value_like(getattr(defaults, key), value, key, where)
     return TrainConfig(**kwargs)
 
 
