@@ -9,7 +9,6 @@ TOML) that gives each node a location, explicit latency/bandwidth matrices, or a
 from __future__ import annotations
 
 import json
-import tomllib
 from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
@@ -18,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from skippipe.config_fields import read_config_file as read_json_or_toml
 from skippipe.config_fields import reject_unknown_keys
 from skippipe.costs import forward_seconds, transfer_seconds
 from skippipe.errors import ClusterError
@@ -174,21 +174,8 @@ def parse_preset(spec: str) -> Cluster:
 
 
 def read_config_file(path: str | Path) -> dict[str, Any]:
-    """Read a JSON or TOML file (by extension) into a dict, with one-line errors."""
-    p = Path(path)
-    if not p.is_file():
-        raise ClusterError(f"{p}: no such file")
-    text = p.read_text()
-    try:
-        if p.suffix.lower() == ".toml":
-            data = tomllib.loads(text)
-        else:
-            data = json.loads(text)
-    except (json.JSONDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise ClusterError(f"{p}: not valid {'TOML' if p.suffix.lower() == '.toml' else 'JSON'}: {exc}") from None
-    if not isinstance(data, dict):
-        raise ClusterError(f"{p}: expected an object at the top level")
-    return data
+    """Read a JSON or TOML file (by extension; JSON otherwise) into a dict, with one-line errors."""
+    return read_json_or_toml(path, default_format="json", error=ClusterError)
 
 
 def _matrix(data: dict[str, Any], key: str, n: int | None, where: str) -> np.ndarray:

@@ -1,12 +1,37 @@
-"""Checks shared by every config loader (cluster, workload, model, training, runs): unknown
-keys and scalar values typed like their defaults, each failing with one clear line."""
+"""Shared by every config loader (cluster, workload, model, training, runs): reading a JSON or
+TOML file, unknown keys, and scalar values typed like their defaults, each failing with one
+clear line."""
 
 from __future__ import annotations
 
+import json
+import tomllib
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 from skippipe.errors import UserError
+
+
+def read_config_file(
+    path: str | Path, default_format: str = "json", error: type[UserError] = UserError, what: str = "file"
+) -> dict[str, Any]:
+    """A JSON or TOML file as a dict: ``.toml`` / ``.json`` by extension, else ``default_format``."""
+    p = Path(path)
+    if not p.is_file():
+        raise error(f"{p}: no such {what}")
+    suffix = p.suffix.lower()
+    fmt = "toml" if suffix == ".toml" else "json" if suffix == ".json" else default_format
+    try:
+        text = p.read_text()
+        data = tomllib.loads(text) if fmt == "toml" else json.loads(text)
+    except (json.JSONDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise error(f"{p}: not valid {fmt.upper()}: {exc}") from None
+    except UnicodeDecodeError:
+        raise error(f"{p}: not a text file") from None
+    if not isinstance(data, dict):
+        raise error(f"{p}: expected a table/object at the top level")
+    return data
 
 
 def reject_unknown_keys(

@@ -25,13 +25,11 @@ folder ``[run] dir`` is relative to the current directory. Torch-free.
 
 from __future__ import annotations
 
-import json
-import tomllib
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from skippipe.config_fields import reject_unknown_keys, value_like
+from skippipe.config_fields import read_config_file, reject_unknown_keys, value_like
 from skippipe.errors import UserError
 from skippipe.workload import Workload
 
@@ -223,15 +221,5 @@ def _resolve_paths(cfg: RunConfig, base: Path) -> RunConfig:
 def load_run_config(path: str | Path) -> RunConfig:
     """Read a TOML config (``.json``: the same tables as JSON, as ``skippipe train`` saves them)."""
     p = Path(path)
-    if not p.is_file():
-        raise UserError(f"{p}: no such config file")
-    try:
-        text = p.read_text()
-        data = json.loads(text) if p.suffix.lower() == ".json" else tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise UserError(f"{p}: not valid TOML: {exc}") from None
-    except json.JSONDecodeError as exc:
-        raise UserError(f"{p}: not valid JSON: {exc}") from None
-    except UnicodeDecodeError:
-        raise UserError(f"{p}: not a text file") from None
+    data = read_config_file(p, default_format="toml", what="config file")
     return run_config_from_dict(data, base_dir=p.parent, where=str(p))

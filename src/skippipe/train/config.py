@@ -17,13 +17,11 @@ Unknown keys and wrong types are one-line ``UserError``s. Torch-free.
 
 from __future__ import annotations
 
-import json
-import tomllib
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from skippipe.config_fields import reject_unknown_keys, value_like
+from skippipe.config_fields import read_config_file, reject_unknown_keys, value_like
 from skippipe.errors import UserError
 from skippipe.model.config import ModelConfig, model_config_from_dict
 CORPORA = ("shakespeare", "bible")
@@ -129,13 +127,5 @@ def train_config_from_dict(data: dict[str, Any], where: str = "train") -> TrainC
 
 def load_train_config(path: str | Path) -> TrainConfig:
     p = Path(path)
-    if not p.is_file():
-        raise UserError(f"{p}: no such config file")
-    try:
-        text = p.read_text()
-        data = tomllib.loads(text) if p.suffix.lower() == ".toml" else json.loads(text)
-    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
-        raise UserError(f"{p}: not valid {'TOML' if p.suffix.lower() == '.toml' else 'JSON'}: {exc}") from None
-    if not isinstance(data, dict):
-        raise UserError(f"{p}: expected a table/object at the top level")
+    data = read_config_file(p, default_format="json", what="config file")
     return train_config_from_dict(data, where=str(p))
