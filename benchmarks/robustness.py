@@ -46,7 +46,7 @@ from skippipe.data.dataset import token_data_for  # noqa: E402
 from skippipe.eval import omission_sweep  # noqa: E402
 from skippipe.model.checkpoint import load_checkpoint, load_model, save_checkpoint  # noqa: E402
 from skippipe.fileio import atomic_write_text  # noqa: E402
-from skippipe.plan.model import load_plan  # noqa: E402
+from skippipe.planfile import load_plan  # noqa: E402
 from skippipe.train.loop import train_plan  # noqa: E402
 
 LAYOUTS = {

@@ -5,7 +5,7 @@ the current-code network with our own allocation, plan with ``skippipe-no-tc2`` 
 and simulate them in one simulator beside the replayed reference plans. Printed per row: the
 makespan, whether every microbatch finished and TC1 holds, the planning time, and the ratios
 to the memory floor of the allocation (``skippipe.bounds``), to the sharper data-node floor
-(``skippipe.plan.route_bounds``: no plan on that allocation can beat it) and to the
+(``skippipe.planner.floors``: no plan on that allocation can beat it) and to the
 reference's SkipPipe. For our own allocation it also prints the load-aware floor over every
 allocation (``route_bounds.free_allocation_floor``). Every number is measured in this run.
 
@@ -20,11 +20,11 @@ from pathlib import Path
 
 from skippipe.bounds import memory_floor
 from skippipe.cluster import load_cluster
-from skippipe.plan.model import Plan, save_plan
-from skippipe.plan.problem import Problem, build_problem
-from skippipe.plan.route import plan_no_tc2, plan_skippipe
-from skippipe.plan.route_bounds import data_node_floor, free_allocation_floor
-from skippipe.plan.validate import plan_violations
+from skippipe.planfile import Plan, save_plan
+from skippipe.planner.problem import Problem, build_problem
+from skippipe.planner.routing.schedule import plan_no_tc2, plan_skippipe
+from skippipe.planner.floors import data_node_floor, free_allocation_floor
+from skippipe.planfile import plan_violations
 from skippipe.reference import reference_figure, reference_plan, reference_problem, reference_stages
 from skippipe.sim import simulate
 

@@ -13,7 +13,7 @@ from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import maximum_bipartite_matching
 
 from skippipe.cluster import cluster_from_dict, load_cluster, preset_cluster
-from skippipe.plan.allocate import (
+from skippipe.planner.allocation.genetic import (
     _held_karp,
     allocate,
     allocation_fitness,
@@ -22,7 +22,7 @@ from skippipe.plan.allocate import (
     data_node_candidates,
     random_allocation,
 )
-from skippipe.plan.problem import build_problem
+from skippipe.planner.problem import build_problem
 from skippipe.workload import Workload
 
 

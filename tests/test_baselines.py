@@ -9,13 +9,13 @@ from hypothesis import strategies as st
 
 from skippipe.cluster import cluster_from_dict, load_cluster
 from skippipe.errors import UserError
-from skippipe.plan import methods
-from skippipe.plan.allocate import allocate, bottleneck_matching
-from skippipe.plan.baselines import full_chains, full_plan, random_plan
-from skippipe.plan.methods import make_plan
-from skippipe.plan.model import Constraints, Costs, Microbatch, Plan
-from skippipe.plan.problem import build_problem
-from skippipe.plan.validate import plan_violations
+from skippipe.planner import methods
+from skippipe.planner.allocation import allocate, bottleneck_matching
+from skippipe.planner.baselines import full_chains, full_plan, random_plan
+from skippipe.planner.methods import make_plan
+from skippipe.planfile import Constraints, Costs, Microbatch, Plan
+from skippipe.planner.problem import build_problem
+from skippipe.planfile import plan_violations
 from skippipe.sim import simulate
 from skippipe.workload import Workload
 
@@ -171,6 +171,6 @@ def test_make_plan_refuses_a_plan_that_deadlocks(monkeypatch):
 def test_unknown_or_missing_method(monkeypatch):
     with pytest.raises(UserError, match="unknown method"):
         make_plan("magic", _problem())
-    monkeypatch.setitem(methods.METHODS, "gone", methods._lazy("gone", "skippipe.plan.no_such_module", "plan"))
+    monkeypatch.setitem(methods.METHODS, "gone", methods._lazy("gone", "skippipe.planner.no_such_module", "plan"))
     with pytest.raises(UserError, match="not available"):
         make_plan("gone", _problem())

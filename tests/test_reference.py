@@ -7,7 +7,7 @@ from collections import Counter
 import pytest
 
 from skippipe.bounds import memory_floor
-from skippipe.plan.validate import plan_violations
+from skippipe.planfile import plan_violations
 from skippipe.reference import (
     INSTANCES, INVALID_FIGURES, METHODS, load_reference, reference_figure, reference_plan, reference_problem,
     reference_stages, rule_breaks,

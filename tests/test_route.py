@@ -16,14 +16,14 @@ from hypothesis import strategies as st
 
 from skippipe.cluster import Cluster, load_cluster
 from skippipe.errors import UserError
-from skippipe.plan.allocate import allocate
-from skippipe.plan.problem import build_problem
-from skippipe.plan.route import plan_no_tc2, plan_skippipe
-from skippipe.plan.route_bounds import data_node_floor, trip_floor
-from skippipe.plan.route_assign import sequence_quotas
-from skippipe.plan.route_eval import Evaluator, Incremental
-from skippipe.plan.route_paths import RouteCosts, cheapest_path, node_classes, stage_sequences
-from skippipe.plan.validate import path_rule_violation, plan_violations
+from skippipe.planner.allocation import allocate
+from skippipe.planner.problem import build_problem
+from skippipe.planner.routing.schedule import plan_no_tc2, plan_skippipe
+from skippipe.planner.floors import data_node_floor, trip_floor
+from skippipe.planner.routing.assign import sequence_quotas
+from skippipe.planner.routing.evaluate import Evaluator, Incremental
+from skippipe.planner.routing.sequences import RouteCosts, cheapest_path, node_classes, stage_sequences
+from skippipe.planfile import path_rule_violation, plan_violations
 from skippipe.reference import reference_problem, reference_stages
 from skippipe.sim import simulate
 from skippipe.workload import Workload
@@ -226,7 +226,7 @@ def test_component_scores_equal_whole_plan_simulation(problem):
 
 
 def test_planning_does_not_import_torch():
-    code = "import sys, skippipe.plan.route; print('torch' in sys.modules)"
+    code = "import sys, skippipe.planner.routing.schedule; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
@@ -299,7 +299,7 @@ def _brute_force_best(problem) -> float:
                         load[x] = load.get(x, 0) + 1
                 if any(load.get(x, 0) > caps[x] for x in rest):
                     continue
-                from skippipe.plan.model import Microbatch
+                from skippipe.planfile import Microbatch
                 mbs = [Microbatch(id=i, data_node=d, path=list(p)) for i, (d, p) in enumerate(zip(owners, choice))]
                 plan = problem.make_plan(stages, mbs, method="brute", seed=0)
                 assert not plan_violations(plan)
@@ -310,7 +310,7 @@ def _brute_force_best(problem) -> float:
 @pytest.mark.parametrize("seed", [0, 1, 2])
 @pytest.mark.parametrize("n, sizes, L, m, memory", [(6, (2, 2, 2), 2, 2, 1), (5, (1, 2, 2), 3, 2, 1)])
 def test_free_allocation_floor_holds_by_brute_force(seed, n, sizes, L, m, memory):
-    from skippipe.plan.route_bounds import free_allocation_floor
+    from skippipe.planner.floors import free_allocation_floor
 
     problem = _tiny_free_problem(seed, n, sizes, L, m, memory)
     floor = free_allocation_floor(problem)
@@ -325,7 +325,7 @@ def test_free_allocation_floor_holds_by_brute_force(seed, n, sizes, L, m, memory
 def test_free_allocation_floor_counts_the_remote_load():
     """On the tiny instance with a remote node the load term is what binds (the remote node
     cannot be a data node cheaply, and whoever visits it is slow)."""
-    from skippipe.plan.route_bounds import free_allocation_floor
+    from skippipe.planner.floors import free_allocation_floor
 
     problem = _tiny_free_problem(0, 6, (2, 2, 2), 2, 2, 1)
     assert free_allocation_floor(problem).value > free_allocation_floor(problem, max_sets=0).value + 0.5
@@ -333,7 +333,7 @@ def test_free_allocation_floor_counts_the_remote_load():
 
 def test_free_allocation_floor_of_the_current_instance_is_above_the_target():
     """Issue 5, target 3 (own allocation <= 0.70 x 77.72 s = 54.40 s) cannot be met."""
-    from skippipe.plan.route_bounds import free_allocation_floor
+    from skippipe.planner.floors import free_allocation_floor
 
     problem = build_problem(load_cluster("gcp20-current-free"), reference_problem("current").workload)
     floor = free_allocation_floor(problem)
@@ -348,7 +348,7 @@ def test_no_tc2_keeps_each_round_within_the_slots_on_the_current_instance():
     """The static load rule: a data node injects round by round (M at a time) and no node gets
     more microbatches of one round than it has activation slots (a path within the limit
     exists on this instance, and no path beyond it is less than half as costly)."""
-    from skippipe.plan.route_assign import round_of
+    from skippipe.planner.routing.assign import round_of
 
     problem = reference_problem("current")
     plan = plan_no_tc2(problem)

@@ -17,8 +17,8 @@ from runtime_fixtures import seven_node_plan
 
 from skippipe.cluster import load_cluster
 from skippipe.errors import UserError
-from skippipe.plan.methods import make_plan
-from skippipe.plan.problem import build_problem
+from skippipe.planner.methods import make_plan
+from skippipe.planner.problem import build_problem
 from skippipe.runtime import checkpoint as ckpt
 from skippipe.runtime.accumulate import OrderedGradAccumulator
 from skippipe.runtime.config import load_run_config, run_config_from_dict

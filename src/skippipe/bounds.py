@@ -33,7 +33,7 @@ from hashlib import blake2b
 
 import numpy as np
 
-from skippipe.plan.model import Costs, Plan
+from skippipe.planfile import Costs, Plan
 
 _CACHE: dict[bytes, float] = {}
 _CACHE_SIZE = 256

@@ -31,9 +31,9 @@ from typing import Any
 
 from skippipe.cluster import load_cluster
 from skippipe.errors import UserError
-from skippipe.plan.model import Microbatch, Plan
-from skippipe.plan.problem import Problem, build_problem
-from skippipe.plan.validate import plan_violations
+from skippipe.planfile import Microbatch, Plan
+from skippipe.planner.problem import Problem, build_problem
+from skippipe.planfile import plan_violations
 from skippipe.workload import Workload
 
 INSTANCES: dict[str, dict[str, Any]] = {

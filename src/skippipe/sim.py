@@ -35,7 +35,7 @@ from heapq import heappop, heappush
 import numpy as np
 
 from skippipe.errors import PlanError
-from skippipe.plan.model import Plan, parse_op
+from skippipe.planfile import Plan, parse_op
 
 # operation kinds, as stored in the flat op tables
 _INJECT, _FWD, _LOSS, _BWD = 0, 1, 2, 3

@@ -62,7 +62,7 @@ def add_planning_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_problem_arguments(parser)
-    from skippipe.plan.methods import method_names
+    from skippipe.planner.methods import method_names
 
     parser.add_argument("--method", default="skippipe", choices=method_names(), help="planning method (default skippipe)")
     add_planning_arguments(parser)
@@ -108,7 +108,7 @@ def _parse_sizes(text: str) -> list[int]:
 
 def problem_from_args(args: argparse.Namespace) -> Any:
     from skippipe.cluster import load_cluster
-    from skippipe.plan.problem import build_problem
+    from skippipe.planner.problem import build_problem
 
     cluster = load_cluster(args.cluster)
     workload = workload_from_args(args)
@@ -169,8 +169,8 @@ def progress(desc: str, total: int):  # noqa: ANN201 - a tqdm bar
 def run(args: argparse.Namespace) -> int:
     import json
 
-    from skippipe.plan.methods import make_plan
-    from skippipe.plan.model import save_plan
+    from skippipe.planner.methods import make_plan
+    from skippipe.planfile import save_plan
 
     out = Path(args.out)
     if out.suffix.lower() != ".json":

@@ -15,7 +15,7 @@ from typing import Any
 
 from skippipe.bounds import compute_bound, plan_data_node_floor, plan_memory_floor
 from skippipe.errors import UserError
-from skippipe.plan.model import Plan, load_plan
+from skippipe.planfile import Plan, load_plan
 from skippipe.sim import SimResult, simulate
 
 

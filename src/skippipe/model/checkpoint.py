@@ -28,7 +28,7 @@ import torch
 from skippipe.errors import UserError
 from skippipe.model.config import ModelConfig, model_config_from_dict
 from skippipe.fileio import atomic_write, atomic_write_text
-from skippipe.plan.model import Plan
+from skippipe.planfile import Plan
 
 CHECKPOINT_FORMAT = "skippipe-checkpoint"
 CHECKPOINT_VERSION = 1

@@ -33,7 +33,7 @@ from typing import Any, Callable
 
 from skippipe.errors import UserError
 from skippipe.fileio import atomic_write, atomic_write_text
-from skippipe.plan.model import Plan
+from skippipe.planfile import Plan
 
 FORMAT = "skippipe-checkpoint"
 VERSION = 1

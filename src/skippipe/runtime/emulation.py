@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from skippipe.plan.model import Plan
+from skippipe.planfile import Plan
 
 
 @dataclass(frozen=True)

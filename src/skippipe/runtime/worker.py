@@ -33,7 +33,7 @@ import torch.distributed as dist
 
 from skippipe.errors import UserError
 from skippipe.fileio import atomic_write_text
-from skippipe.plan.model import Plan
+from skippipe.planfile import Plan
 from skippipe.runtime import checkpoint as ckpt
 from skippipe.runtime.accumulate import OrderedGradAccumulator
 from skippipe.runtime.emulation import Emulation

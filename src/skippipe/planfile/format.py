@@ -25,16 +25,13 @@ of the node's stage. Everything here is torch-free.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from skippipe.errors import PlanError
-from skippipe.fileio import atomic_write_text
 
 PLAN_FORMAT = "skippipe-plan"
 PLAN_VERSION = 1
@@ -346,34 +343,3 @@ def parse_op(token: str) -> tuple[str, int]:
     if len(token) < 2 or token[0] not in OP_KINDS or not token[1:].isdigit():
         raise PlanError(f"operation {token!r} is not of the form F<id>, L<id> or B<id>")
     return token[0], int(token[1:])
-
-
-# ---------------------------------------------------------------------- files
-
-
-def load_plan(path: str | Path, validate: bool = True) -> Plan:
-    """Read and (by default) validate a plan file. Raises PlanError with a one-line message."""
-    p = Path(path)
-    if not p.is_file():
-        raise PlanError(f"{p}: no such plan file")
-    try:
-        data = json.loads(p.read_text())
-    except json.JSONDecodeError as exc:
-        raise PlanError(f"{p}: not valid JSON ({exc})") from None
-    except UnicodeDecodeError:
-        raise PlanError(f"{p}: not a text file") from None
-    plan = Plan.from_dict(data, where=str(p))
-    if validate:
-        from skippipe.plan.validate import check_plan
-
-        check_plan(plan, where=str(p))
-    return plan
-
-
-def save_plan(plan: Plan, path: str | Path, validate: bool = True) -> None:
-    """Validate (by default), then write the plan atomically."""
-    if validate:
-        from skippipe.plan.validate import check_plan
-
-        check_plan(plan, where=str(path))
-    atomic_write_text(path, json.dumps(plan.to_dict(), indent=1) + "\n")

@@ -28,7 +28,7 @@ import time
 import numpy as np
 from dataclasses import dataclass, field
 
-from skippipe.plan.route_eval import Evaluator, Incremental, Route, Score
+from skippipe.planner.routing.evaluate import Evaluator, Incremental, Route, Score
 
 Orders = dict[int, list[str]]
 

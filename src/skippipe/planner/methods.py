@@ -19,9 +19,9 @@ import time
 from collections.abc import Callable
 
 from skippipe.errors import UserError
-from skippipe.plan.baselines import full_plan, random_plan
-from skippipe.plan.model import Plan
-from skippipe.plan.problem import Problem
+from skippipe.planner.baselines import full_plan, random_plan
+from skippipe.planfile import Plan
+from skippipe.planner.problem import Problem
 
 Planner = Callable[[Problem, int, "float | None"], Plan]
 
@@ -47,7 +47,7 @@ def _random(problem: Problem, seed: int, time_limit_s: float | None) -> Plan:
 
 
 def _stages(problem: Problem, seed: int, time_limit_s: float | None) -> list[list[int]]:
-    from skippipe.plan.allocate import allocate
+    from skippipe.planner.allocation import allocate
 
     return allocate(problem, seed=seed, time_limit_s=time_limit_s)
 
@@ -71,8 +71,8 @@ def _lazy(method: str, module: str, name: str) -> Planner:
 METHODS: dict[str, Planner] = {
     "full": _full,
     "random": _random,
-    "skippipe-no-tc2": _lazy("skippipe-no-tc2", "skippipe.plan.route", "plan_no_tc2"),
-    "skippipe": _lazy("skippipe", "skippipe.plan.route", "plan_skippipe"),
+    "skippipe-no-tc2": _lazy("skippipe-no-tc2", "skippipe.planner.routing.schedule", "plan_no_tc2"),
+    "skippipe": _lazy("skippipe", "skippipe.planner.routing.schedule", "plan_skippipe"),
 }
 
 
@@ -101,7 +101,7 @@ def make_plan(method: str, problem: Problem, seed: int = 0, time_limit_s: float 
         raise UserError(f"unknown method {method!r} (known: {', '.join(METHODS)})")
     if time_limit_s is not None and not time_limit_s > 0:
         raise UserError(f"time limit must be > 0 seconds, got {time_limit_s}")
-    from skippipe.plan.validate import check_plan
+    from skippipe.planfile import check_plan
 
     start = time.perf_counter()
     plan = METHODS[method](problem, seed, time_limit_s)

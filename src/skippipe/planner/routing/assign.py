@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from skippipe.errors import UserError
-from skippipe.plan.route_paths import RouteCosts, cheapest_chain, node_classes, stage_sequences
+from skippipe.planner.routing.sequences import RouteCosts, cheapest_chain, node_classes, stage_sequences
 
 Paths = dict[int, list[list[int]]]  # data node -> one path per microbatch
 

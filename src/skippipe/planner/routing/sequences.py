@@ -18,7 +18,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from skippipe.plan.validate import path_rule_violation
+from skippipe.planfile import path_rule_violation
 
 
 @lru_cache(maxsize=64)

@@ -18,10 +18,10 @@ from __future__ import annotations
 import numpy as np
 
 from skippipe.errors import UserError
-from skippipe.plan.allocate import allocate, bottleneck_matching
-from skippipe.plan.model import Microbatch, Plan
-from skippipe.plan.problem import Problem
-from skippipe.plan.validate import path_rule_violation
+from skippipe.planner.allocation import allocate, bottleneck_matching
+from skippipe.planfile import Microbatch, Plan
+from skippipe.planner.problem import Problem
+from skippipe.planfile import path_rule_violation
 
 
 def _links(problem: Problem) -> np.ndarray:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import Counter
 
 from skippipe.errors import PlanError
-from skippipe.plan.model import Plan, parse_op
+from skippipe.planfile.format import Plan, parse_op
 
 
 def path_rule_violation(stages_visited: list[int], max_swaps: int, max_jump: int) -> str | None:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from skippipe.plan.model import Constraints, Costs, Microbatch, Plan
+from skippipe.planfile import Constraints, Costs, Microbatch, Plan
 from skippipe.sim import simulate
 
 Route = tuple[int, tuple[int, ...]]  # (data node, path)

@@ -25,10 +25,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from skippipe.plan.route_bounds import trip_floor
-from skippipe.plan.route_assign import Capacity, route_one
-from skippipe.plan.route_paths import RouteCosts, cheapest_chain, node_classes
-from skippipe.plan.validate import path_rule_violation
+from skippipe.planner.floors import trip_floor
+from skippipe.planner.routing.assign import Capacity, route_one
+from skippipe.planner.routing.sequences import RouteCosts, cheapest_chain, node_classes
+from skippipe.planfile import path_rule_violation
 
 
 @dataclass
@@ -242,7 +242,7 @@ def group_allocation(
     if windows is None or any(path_rule_violation(win, w.max_swaps, w.max_jump) for win in windows):
         return None
     gc = GroupCosts.from_problem(problem)
-    from skippipe.plan.allocate import data_node_candidates
+    from skippipe.planner.allocation import data_node_candidates
 
     eligible = np.zeros(n, dtype=bool)
     eligible[data_node_candidates(problem)] = True

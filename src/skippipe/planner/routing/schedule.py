@@ -34,13 +34,13 @@ import time
 from dataclasses import dataclass
 
 from skippipe.errors import UserError
-from skippipe.plan.model import Microbatch, Plan
-from skippipe.plan.problem import Problem
-from skippipe.plan.route_assign import assign_static, round_of
-from skippipe.plan.route_eval import Evaluator, Incremental, Route, Score
-from skippipe.plan.route_groups import group_allocation, private_chains
-from skippipe.plan.route_paths import RouteCosts, stage_sequences
-from skippipe.plan.route_search import RouteSearch, SearchLimits
+from skippipe.planfile import Microbatch, Plan
+from skippipe.planner.problem import Problem
+from skippipe.planner.routing.assign import assign_static, round_of
+from skippipe.planner.routing.evaluate import Evaluator, Incremental, Route, Score
+from skippipe.planner.routing.groups import group_allocation, private_chains
+from skippipe.planner.routing.sequences import RouteCosts, stage_sequences
+from skippipe.planner.routing.search import RouteSearch, SearchLimits
 from skippipe.sim import simulate
 
 
@@ -71,7 +71,7 @@ def _left(deadline: float | None) -> float | None:
 def _allocation(problem: Problem, seed: int, time_limit_s: float | None) -> list[list[int]]:
     if problem.fixed_stages is not None:
         return [list(map(int, s)) for s in problem.fixed_stages]
-    from skippipe.plan.allocate import allocate
+    from skippipe.planner.allocation import allocate
 
     return allocate(problem, seed=seed, time_limit_s=time_limit_s)
 

@@ -47,7 +47,7 @@ from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import maximum_bipartite_matching
 
 from skippipe.errors import UserError
-from skippipe.plan.problem import Problem
+from skippipe.planner.problem import Problem
 
 Groups = tuple[tuple[int, ...], ...]  # canonical allocation: group 0 = data nodes, the rest sorted
 
