@@ -2,7 +2,8 @@
 provides ``add_arguments(parser)`` and ``run(args) -> int``; modules are imported only when
 their command runs, so planning commands never import torch.
 
-Every user-facing error is one line on stderr and exit code 2, never a traceback.
+Every user-facing error is one line on stderr and a non-zero exit code (``SkipPipeError.exit_code``:
+2 bad input, 3 a failed run), never a traceback.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import importlib
 import importlib.util
 import sys
 
-from skippipe.errors import UserError
+from skippipe.errors import SkipPipeError
 
 COMMANDS: list[tuple[str, str]] = [
     ("plan", "cluster + workload -> plan file"),
@@ -52,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         module = importlib.import_module(f"skippipe.commands.{args.command}")
         return int(module.run(args) or 0)
-    except UserError as exc:
+    except SkipPipeError as exc:
         print(f"skippipe {args.command}: error: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:

@@ -4,13 +4,17 @@ Header (``HEADER_LEN`` int64 values)::
 
     [iteration, microbatch id, direction, dtype code, sent_us, ndim, shape[0], ..., shape[MAX_NDIM-1]]
 
-A receiver thread takes headers from *any* peer (gloo ``recv`` with no source), then the payload
-from the peer that sent that header; messages between one pair of workers arrive in order.
-Headers always travel on a gloo group; payloads travel on the payload group (gloo with CPU
-tensors, or NCCL with CUDA tensors). A sender thread delivers each message at its due time
-(``emulation.LinkDelays``), so a slow emulated link never blocks compute.
+A receiver thread takes headers from *any* peer (gloo ``recv`` with no source), checks each
+header against ``MessageBounds`` (what the plan says a message of this run can be: the
+microbatch ids, one activation shape, a few float dtypes) *before* it allocates anything, then
+takes the payload from the peer that sent that header; messages between one pair of workers
+arrive in order. Headers always travel on a gloo group; payloads travel on the payload group
+(gloo with CPU tensors, or NCCL with CUDA tensors). A sender thread delivers each message at
+its due time (``emulation.LinkDelays``), so a slow emulated link never blocks compute.
 
-Every wait has a timeout; an error in either thread is re-raised in the worker's main thread.
+Every wait has a timeout. Failures are typed (``skippipe.errors``): ``PeerLost(peer)`` when a
+connection breaks, ``MessageTimeout`` when nothing arrives in time, ``BadMessage(peer)`` for a
+header outside the bounds; an error in either thread is re-raised in the worker's main thread.
 """
 
 from __future__ import annotations
@@ -21,11 +25,14 @@ import itertools
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import torch.distributed as dist
+
+from skippipe.errors import BadMessage, MessageTimeout, PeerLost
+from skippipe.runtime.faults import first_line
 
 FORWARD = 0  # an activation travelling along the microbatch's path
 BACKWARD = 1  # a gradient travelling along the reverse path
@@ -37,10 +44,19 @@ PAYLOAD_TAG = 12
 
 _DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64]
 _CODE = {dt: i for i, dt in enumerate(_DTYPES)}
+FLOAT_DTYPES = frozenset({torch.float32, torch.float16, torch.bfloat16})
 
 
-class TransportError(RuntimeError):
-    """A message could not be sent or did not arrive in time (a peer died or hangs)."""
+@dataclass(frozen=True)
+class MessageBounds:
+    """What an incoming message may be, from the plan and the run's model: every activation and
+    gradient is one ``shape`` tensor (samples per microbatch x tokens per sample x d_model) of
+    one of ``dtypes``, for one of the plan's ``microbatches``. A header outside is refused before
+    anything is allocated."""
+
+    shape: tuple[int, ...]
+    microbatches: frozenset[int]
+    dtypes: frozenset[torch.dtype] = FLOAT_DTYPES
 
 
 @dataclass
@@ -65,16 +81,30 @@ def encode_header(msg: Message) -> torch.Tensor:
     return torch.tensor([msg.iteration, msg.mb, msg.direction, _CODE[t.dtype], sent_us, t.dim(), *shape], dtype=torch.int64)
 
 
-def decode_header(h: torch.Tensor) -> tuple[int, int, int, torch.dtype, float, list[int]]:
+def decode_header(
+    h: torch.Tensor, bounds: MessageBounds | None = None, src: int | None = None
+) -> tuple[int, int, int, torch.dtype, float, list[int]]:
+    """The fields of a header; ``BadMessage(src)`` for a corrupt one or, with ``bounds``, for one
+    the plan does not allow."""
     v = h.tolist()
     iteration, mb, direction, code, sent_us, ndim = v[:6]
     if direction not in (FORWARD, BACKWARD) or not 0 <= code < len(_DTYPES) or not 0 <= ndim <= MAX_NDIM:
-        raise TransportError(f"corrupt message header {v}")
-    return iteration, mb, direction, _DTYPES[code], sent_us / 1e6, v[6 : 6 + ndim]
+        raise BadMessage(src, f"corrupt message header {v}")
+    dtype, shape = _DTYPES[code], v[6 : 6 + ndim]
+    if bounds is not None:
+        if tuple(shape) != bounds.shape:
+            raise BadMessage(src, f"a tensor of shape {shape}; this run's messages are {list(bounds.shape)}")
+        if dtype not in bounds.dtypes:
+            raise BadMessage(src, f"a tensor of dtype {dtype}; allowed: {', '.join(sorted(str(d) for d in bounds.dtypes))}")
+        if mb not in bounds.microbatches:
+            raise BadMessage(src, f"microbatch {mb} is not in the plan")
+        if iteration < 0:
+            raise BadMessage(src, f"iteration {iteration}")
+    return iteration, mb, direction, dtype, sent_us / 1e6, shape
 
 
 def _source_rank(work: dist.Work) -> int:
-    fn = getattr(work, "_source_rank", None) or getattr(work, "source_rank")
+    fn = getattr(work, "_source_rank", None) or work.source_rank
     return int(fn())
 
 
@@ -83,6 +113,7 @@ class Transport:
 
     ``delay(dst) -> seconds`` gives each message's emulated delivery delay (0 on real clusters).
     ``on_sent(dst, msg, handed_over, delivered)`` is called from the sender thread after a send.
+    ``bounds``: what incoming messages may be (None: anything well-formed, for tests).
     """
 
     def __init__(
@@ -94,6 +125,7 @@ class Transport:
         timeout_s: float,
         delay: Callable[[int], float] | None = None,
         on_sent: Callable[[int, Message, float, float], None] | None = None,
+        bounds: MessageBounds | None = None,
     ) -> None:
         self.rank = rank
         self.header_group = header_group
@@ -104,16 +136,30 @@ class Transport:
         self.timeout_s = timeout_s
         self.delay = delay or (lambda dst: 0.0)
         self.on_sent = on_sent
+        self.bounds = bounds
         self.inbox: queue.Queue[Message | BaseException] = queue.Queue()
         self._heap: list[tuple[float, int, int, Message]] = []
         self._seq = itertools.count()
         self._cond = threading.Condition()
         self._closing = False
         self._unsent = 0
+        self._sending_to: int | None = None
         self._error: BaseException | None = None
         self._sender = threading.Thread(target=self._send_loop, name=f"send-{rank}", daemon=True)
         self._sender.start()
         self._receiver: threading.Thread | None = None
+
+    def _wait(self, work: dist.Work, peer: int | None, what: str) -> None:
+        """``work.wait`` with the run's timeout; a failure becomes ``MessageTimeout`` (it took
+        the whole timeout) or ``PeerLost`` (the connection broke)."""
+        t0 = time.monotonic()
+        try:
+            work.wait(self.timeout)
+        except RuntimeError as exc:
+            waited = time.monotonic() - t0
+            if waited >= 0.9 * self.timeout_s:
+                raise MessageTimeout(() if peer is None else (peer,), self.timeout_s, f"no {what} arrived") from None
+            raise PeerLost(peer, f"{what}: {first_line(exc, 200)}") from None
 
     # ------------------------------------------------------------------ sending
     def send(self, dst: int, msg: Message) -> None:
@@ -129,6 +175,7 @@ class Transport:
             self._cond.notify()
 
     def _send_loop(self) -> None:
+        dst = -1
         try:
             while True:
                 with self._cond:
@@ -137,6 +184,7 @@ class Transport:
                             return
                         if self._heap and self._heap[0][0] <= time.monotonic():
                             _, _, dst, msg = heapq.heappop(self._heap)
+                            self._sending_to = dst
                             break
                         wait = self._heap[0][0] - time.monotonic() if self._heap else None
                         self._cond.wait(wait)
@@ -149,19 +197,28 @@ class Transport:
                     self.on_sent(dst, msg, handed_over, time.time())
                 with self._cond:
                     self._unsent -= 1
+                    self._sending_to = None
                     self._cond.notify_all()
         except BaseException as exc:  # reported to the main thread
-            self._error = TransportError(f"sending to node {dst} failed: {_short(exc)}")
-            self.inbox.put(self._error)
+            self._fail(PeerLost(dst, f"sending failed: {first_line(exc, 200)}"))
+
+    def _fail(self, err: BaseException) -> None:
+        with self._cond:
+            if self._error is None:
+                self._error = err
+            self._cond.notify_all()
+        self.inbox.put(err)
 
     def flush(self, timeout_s: float | None = None) -> None:
         """Wait until every queued message has been handed to the network."""
-        deadline = time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s)
+        limit = self.timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + limit
         with self._cond:
             while self._unsent and self._error is None:
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise TransportError(f"{self._unsent} message(s) could not be sent within {self.timeout_s:.0f} s")
+                    stuck = () if self._sending_to is None else (self._sending_to,)
+                    raise MessageTimeout(stuck, limit, f"{self._unsent} message(s) could not be sent")
                 self._cond.wait(min(left, 0.5))
         self.raise_if_failed()
 
@@ -171,7 +228,7 @@ class Transport:
         if self._receiver is not None:
             self._receiver.join(timeout=self.timeout_s)
             if self._receiver.is_alive():
-                raise TransportError("the previous receiver thread is still running")
+                raise MessageTimeout((), self.timeout_s, "the previous iteration's receiver is still waiting")
         self._receiver = threading.Thread(target=self._recv_loop, args=(count,), name=f"recv-{self.rank}", daemon=True)
         self._receiver.start()
 
@@ -180,32 +237,28 @@ class Transport:
             for _ in range(count):
                 h = torch.empty(HEADER_LEN, dtype=torch.int64)
                 work = dist.irecv(h, group=self.header_group, tag=HEADER_TAG)
-                try:
-                    work.wait(self.timeout)
-                except RuntimeError as exc:
-                    if "Timed out" in str(exc):
-                        raise TransportError(f"no message arrived for {self.timeout_s:.0f} s") from None
-                    raise
+                self._wait(work, None, "message")
                 src = _source_rank(work)
-                iteration, mb, direction, dtype, sent_at, shape = decode_header(h)
+                iteration, mb, direction, dtype, sent_at, shape = decode_header(h, self.bounds, src)
                 device = torch.device("cpu") if self.payload_on_cpu else self.device
                 t = torch.empty(shape, dtype=dtype, device=device)
                 work = dist.irecv(t, src=src, group=self.payload_group, tag=PAYLOAD_TAG)
-                work.wait(self.timeout)
+                self._wait(work, src, "payload")
                 t = t.to(self.device)
                 self.inbox.put(Message(iteration, mb, direction, t, src=src, sent_at=sent_at, arrived_at=time.time()))
+        except (PeerLost, MessageTimeout, BadMessage) as exc:
+            self._fail(exc)
         except BaseException as exc:
-            err = exc if isinstance(exc, TransportError) else TransportError(f"receiving failed: {_short(exc)}")
-            self._error = err
-            self.inbox.put(err)
+            self._fail(PeerLost(None, f"receiving failed: {first_line(exc, 200)}"))
 
     def get(self, timeout_s: float | None) -> Message | None:
-        """The next received message, or None after ``timeout_s`` (None = wait up to the run timeout)."""
+        """The next received message, or None after ``timeout_s`` (None = wait up to the run
+        timeout, then ``MessageTimeout``)."""
         try:
             item = self.inbox.get(timeout=self.timeout_s if timeout_s is None else max(0.0, timeout_s))
         except queue.Empty:
             if timeout_s is None:
-                raise TransportError(f"no message arrived for {self.timeout_s:.0f} s") from None
+                raise MessageTimeout((), self.timeout_s, "no message arrived") from None
             return None
         if isinstance(item, BaseException):
             raise item
@@ -220,10 +273,3 @@ class Transport:
             self._closing = True
             self._cond.notify_all()
         self._sender.join(timeout=self.timeout_s)
-
-
-def _short(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
-    if "]" in text and text.startswith("["):  # gloo's "[file:line] message"
-        text = text.split("]", 1)[1].strip()
-    return text.split(". This is typically caused", 1)[0][:200]
