@@ -168,9 +168,6 @@ def test_make_plan_refuses_a_plan_that_deadlocks(monkeypatch):
         make_plan("deadlock", _problem())
 
 
-def test_unknown_or_missing_method(monkeypatch):
+def test_unknown_method():
     with pytest.raises(UserError, match="unknown method"):
         make_plan("magic", _problem())
-    monkeypatch.setitem(methods.METHODS, "gone", methods._lazy("gone", "skippipe.planner.no_such_module", "plan"))
-    with pytest.raises(UserError, match="not available"):
-        make_plan("gone", _problem())

@@ -176,6 +176,3 @@ def load_model(ckpt: Checkpoint) -> Any:
     return model
 
 
-def copy_tokenizer(ckpt: Checkpoint, destination: Path) -> None:
-    if ckpt.tokenizer_file is not None:
-        shutil.copyfile(ckpt.tokenizer_file, destination)
