@@ -4,6 +4,7 @@
 
 - ``full``             DT-FM full pipeline (``baselines.full_plan``)
 - ``random``           random skipping under CC1-CC3 and TC1 (``baselines.random_plan``)
+- ``naive``            index-order stages, least-loaded stage sets and nodes (``baselines.naive_plan``)
 - ``skippipe-no-tc2``  SkipPipe paths without collision awareness (``route.plan_no_tc2``)
 - ``skippipe``         SkipPipe with collision-aware paths (``route.plan_skippipe``)
 
@@ -19,7 +20,7 @@ import time
 from collections.abc import Callable
 
 from skippipe.errors import UserError
-from skippipe.plan.baselines import full_plan, random_plan
+from skippipe.plan.baselines import full_plan, naive_plan, random_plan
 from skippipe.plan.model import Plan
 from skippipe.plan.problem import Problem
 
@@ -44,6 +45,10 @@ def _random(problem: Problem, seed: int, time_limit_s: float | None) -> Plan:
         plan.seed = seed
         plan.meta["draw"] = draw
     return plan
+
+
+def _naive(problem: Problem, seed: int, time_limit_s: float | None) -> Plan:
+    return naive_plan(problem, seed=seed)
 
 
 def _stages(problem: Problem, seed: int, time_limit_s: float | None) -> list[list[int]]:
@@ -71,6 +76,7 @@ def _lazy(method: str, module: str, name: str) -> Planner:
 METHODS: dict[str, Planner] = {
     "full": _full,
     "random": _random,
+    "naive": _naive,
     "skippipe-no-tc2": _lazy("skippipe-no-tc2", "skippipe.plan.route", "plan_no_tc2"),
     "skippipe": _lazy("skippipe", "skippipe.plan.route", "plan_skippipe"),
 }
