@@ -105,8 +105,10 @@ def test_truncated_plan_file(tmp_path):
         ([3, 1], False),  # swap of distance 2
         ([2, 1, 4, 3], False),  # two swaps with max_swaps=1
         ([1, 1], False),
-        ([5], True),  # skips 4 stages
-        ([6], False),  # skips 5 > max_jump
+        ([4], True),  # 4 stages past the frontier 0 (3 skipped)
+        ([5], False),  # 5 > max_jump stages past the frontier: 0 -> 5 is forbidden
+        ([2, 1, 5], True),  # 5 - 2 = 3 past the frontier 2
+        ([1, 6], False),  # 6 - 1 = 5 > max_jump
     ],
 )
 def test_path_rules(stages, ok):

@@ -81,7 +81,7 @@ def _stage_moves(num_stages: int, max_jump: int):
 
     def succ(state):
         s, f, open_ = state
-        for t in range(f + 1, min(num_stages - 1, f + 1 + max_jump) + 1):
+        for t in range(f + 1, min(num_stages - 1, f + max_jump) + 1):
             yield (t, t, t - 1 > f), False
         if open_ and s == f:
             yield (f - 1, f, False), True

@@ -47,7 +47,8 @@ def add_problem_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--samples", type=int, metavar="b", help="samples per microbatch (default 8)")
     g.add_argument("--memory", type=int, metavar="M", help="activation slots per node, unless the cluster says otherwise (default 3)")
     g.add_argument("--max-swaps", type=int, metavar="K", help="swaps of adjacent stages per path (default 1)")
-    g.add_argument("--max-jump", type=int, metavar="J", help="stages a path may skip at once (default 4)")
+    g.add_argument("--max-jump", type=int, metavar="J", help="a visit may go at most J stages past the highest stage reached so far "
+                        "(default 4: at most 3 stages skipped at once)")
     g.add_argument("--layers", type=int, metavar="N", help="model layers (default 24)")
     g.add_argument("--d-model", type=int, metavar="D", help="model width, sets the activation size (default 1024)")
     g.add_argument("--ctx", type=int, metavar="T", help="context length, sets the activation size (default 1024)")
