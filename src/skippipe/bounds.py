@@ -28,7 +28,7 @@ data-node floor (sharper; also only the allocation)
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from hashlib import blake2b
 
 import numpy as np
@@ -236,7 +236,7 @@ def plan_data_node_floor(plan: Plan) -> float:
     return _plan_floor(plan, data_node_floor)
 
 
-def _plan_floor(plan: Plan, floor_of) -> float:  # noqa: ANN001
+def _plan_floor(plan: Plan, floor_of: Callable[..., float]) -> float:
     counts: dict[int, int] = {}
     for mb in plan.microbatches:
         counts[mb.data_node] = counts.get(mb.data_node, 0) + 1

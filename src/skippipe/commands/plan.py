@@ -157,7 +157,7 @@ def format_summary(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def progress(desc: str, total: int):  # noqa: ANN201 - a tqdm bar
+def progress(desc: str, total: int) -> Any:
     """A progress bar on stderr, shown only when stderr is a terminal."""
     from tqdm import tqdm
 

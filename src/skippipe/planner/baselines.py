@@ -25,11 +25,10 @@ from __future__ import annotations
 import numpy as np
 
 from skippipe.errors import UserError
+from skippipe.planfile import Microbatch, Plan, path_rule_violation
 from skippipe.planner.allocation import allocate, bottleneck_matching
-from skippipe.planfile import Microbatch, Plan
 from skippipe.planner.problem import Problem
 from skippipe.planner.routing.assign import sequence_quotas
-from skippipe.planfile import path_rule_violation
 
 
 def _links(problem: Problem) -> np.ndarray:
