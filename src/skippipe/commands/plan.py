@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from skippipe.errors import UserError
+from skippipe.fileio import check_writable
 
 # flag (dest) -> Workload field
 WORKLOAD_FLAGS = {
@@ -170,14 +171,13 @@ def progress(desc: str, total: int) -> Any:
 def run(args: argparse.Namespace) -> int:
     import json
 
-    from skippipe.planner.methods import make_plan
     from skippipe.planfile import save_plan
+    from skippipe.planner.methods import make_plan
 
     out = Path(args.out)
     if out.suffix.lower() != ".json":
         raise UserError(f"--out {out}: plan files are JSON; give a name ending in .json")
-    if out.exists() and out.is_dir():
-        raise UserError(f"--out {out} is a folder")
+    check_writable(out, "plan file")
     start = time.perf_counter()
     with progress(f"planning ({args.method})", 2) as bar:
         problem = problem_from_args(args)
