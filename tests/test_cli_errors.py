@@ -67,3 +67,34 @@ def test_os_errors_are_one_line(capsys, monkeypatch):
     monkeypatch.setattr(simulate, "run", full_disk)
     err = _one_line_error(capsys, main(["simulate", "x.json"]), 2)
     assert "/data/plan.png: No space left on device" in err
+
+
+def _tiny_checkpoint(folder):
+    from skippipe.model.checkpoint import save_checkpoint
+    from skippipe.model.config import ModelConfig
+    from skippipe.model.llama import Llama
+
+    cfg = ModelConfig(vocab_size=64, d_model=16, n_layers=2, n_heads=2, n_kv_heads=1, ffn_dim=32, ctx=8)
+    save_checkpoint(folder, cfg, Llama(cfg).state_dict(), step=1, stage_layers=[[0], [1]])
+    return folder
+
+
+@pytest.mark.parametrize("name", ["/etc/passwd", "../../outside", "a/b.json", 7])
+def test_a_checkpoint_cannot_name_files_outside_its_folder(name, tmp_path, capsys):
+    import json
+
+    ckpt = _tiny_checkpoint(tmp_path / "ckpt")
+    meta = json.loads((ckpt / "config.json").read_text())
+    meta["tokenizer"] = name
+    (ckpt / "config.json").write_text(json.dumps(meta))
+    err = _one_line_error(capsys, main(["export", str(ckpt), "--hf", str(tmp_path / "out")]), 2)
+    assert "not a plain file name" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_mistyped_or_binary_checkpoint_config_is_one_line(tmp_path, capsys):
+    ckpt = _tiny_checkpoint(tmp_path / "ckpt")
+    (ckpt / "config.json").write_bytes(b"\xff\xfe\x00garbage")
+    _one_line_error(capsys, main(["export", str(ckpt), "--hf", str(tmp_path / "out")]), 2)
+    (ckpt / "config.json").write_text('{"format": "skippipe-checkpoint", "version": "1", "stage_layers": "x"}')
+    _one_line_error(capsys, main(["export", str(ckpt), "--hf", str(tmp_path / "out")]), 2)

@@ -10,7 +10,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from skippipe.errors import OutputError
+from skippipe.errors import OutputError, UserError
 
 
 def atomic_write(path: str | Path, write: Callable[[str], None]) -> None:
@@ -77,3 +77,11 @@ def _probe(p: Path, base: Path, what: str) -> None:
         os.unlink(tmp)
     except OSError as exc:
         raise OutputError(f"{p}: cannot create the {what} in {base}: {exc.strerror}") from None
+
+
+def name_inside(folder: str | Path, name: object, what: str = "file") -> Path:
+    """``folder / name`` for a plain file name read from a file we did not write ourselves (a
+    checkpoint's config or manifest): no absolute path, no folder part, no ``..`` (``UserError``)."""
+    if not isinstance(name, str) or not name or name in (".", "..") or "/" in name or "\\" in name or "\0" in name:
+        raise UserError(f"{folder}: {what} name {name!r} is not a plain file name inside the folder")
+    return Path(folder) / name
