@@ -9,13 +9,12 @@ from hypothesis import strategies as st
 
 from skippipe.cluster import cluster_from_dict, load_cluster
 from skippipe.errors import UserError
+from skippipe.planfile import Constraints, Costs, Microbatch, Plan, plan_violations
 from skippipe.planner import methods
 from skippipe.planner.allocation import allocate, bottleneck_matching
 from skippipe.planner.baselines import full_chains, full_plan, random_plan
 from skippipe.planner.methods import make_plan
-from skippipe.planfile import Constraints, Costs, Microbatch, Plan
 from skippipe.planner.problem import build_problem
-from skippipe.planfile import plan_violations
 from skippipe.sim import simulate
 from skippipe.workload import Workload
 

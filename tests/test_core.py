@@ -9,9 +9,8 @@ import pytest
 
 from skippipe.cluster import cluster_from_dict, load_cluster, preset_cluster
 from skippipe.errors import ClusterError, PlanError, UserError
-from skippipe.planfile import Microbatch, Plan, load_plan, save_plan
+from skippipe.planfile import Microbatch, Plan, load_plan, path_rule_violation, plan_violations, save_plan
 from skippipe.planner.problem import build_problem
-from skippipe.planfile import path_rule_violation, plan_violations
 from skippipe.workload import Workload
 
 

@@ -14,8 +14,7 @@ from hypothesis import strategies as st
 
 from skippipe.bounds import compute_bound, data_node_floor, lower_bound, memory_floor
 from skippipe.errors import PlanError
-from skippipe.planfile import Constraints, Costs, Microbatch, Plan
-from skippipe.planfile import path_rule_violation, plan_violations
+from skippipe.planfile import Constraints, Costs, Microbatch, Plan, path_rule_violation, plan_violations
 from skippipe.sim import simulate
 
 

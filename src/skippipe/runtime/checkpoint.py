@@ -27,9 +27,10 @@ import json
 import os
 import re
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from skippipe.errors import UserError
 from skippipe.fileio import atomic_write, atomic_write_text, name_inside

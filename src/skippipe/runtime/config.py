@@ -25,8 +25,8 @@ folder ``[run] dir`` is relative to the current directory. Torch-free.
 
 from __future__ import annotations
 
-from importlib import resources
 from dataclasses import asdict, dataclass, field, fields, replace
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
