@@ -155,3 +155,7 @@ class ResumeMismatch(UserError):
 class PlanCannotFinish(UserError):
     """The simulator shows that the plan never finishes an iteration (a memory deadlock, or a
     processing order that waits on itself): launching it would only end in a timeout."""
+
+
+class OutputError(UserError):
+    """An output path that cannot be written (checked before any work is done)."""
