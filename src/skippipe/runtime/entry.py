@@ -35,6 +35,7 @@ from pathlib import Path
 from types import FrameType
 
 from skippipe.errors import RunInterrupted, UserError, signal_name
+from skippipe.planfile import Plan
 from skippipe.runtime.faults import EXIT_OK, EXIT_RUN, FaultKind, StopRequest, status_of, write_status
 
 LIFELINE_ENV = "SKIPPIPE_LIFELINE_FD"
@@ -154,7 +155,7 @@ def _run(args: WorkerArgs, stop: StopRequest) -> int:
     from skippipe.runtime.config import load_run_config
     from skippipe.runtime.emulation import Emulation
     from skippipe.runtime.metrics import MetricsWriter, truncate_metrics
-    from skippipe.runtime.worker import Worker, WorkerSetup, check_plan_fits
+    from skippipe.runtime.worker import Worker, WorkerSetup
 
     cfg = load_run_config(args.config)
     rt = cfg.runtime
@@ -225,3 +226,12 @@ def _run(args: WorkerArgs, stop: StopRequest) -> int:
         if store_socket is not None:
             store_socket.close()
     return EXIT_OK
+
+
+def check_plan_fits(plan: Plan, world_size: int, n_layers: int) -> None:
+    """The plan must have one node per worker and cover exactly the model's layers."""
+    if plan.n_nodes != world_size:
+        raise UserError(f"the plan has {plan.n_nodes} nodes but {world_size} workers were started (one worker per plan node)")
+    covered = sum(len(ls) for ls in plan.layers)
+    if covered != n_layers:
+        raise UserError(f"the plan's stages hold {covered} layers but the model has {n_layers}")

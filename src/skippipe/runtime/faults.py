@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -27,6 +28,7 @@ from skippipe.errors import (
     RunInterrupted,
     TrainingDiverged,
     UserError,
+    signal_name,
 )
 from skippipe.fileio import atomic_write_text
 
@@ -139,3 +141,83 @@ def first_line(exc: BaseException, limit: int = 300) -> str:
     if line.startswith("[") and "]" in line:
         line = line.split("]", 1)[1].strip()
     return line.split(". This is typically caused", 1)[0][:limit]
+
+
+# ---------------------------------------------------------------------- the launcher's verdict
+
+
+@dataclass(frozen=True)
+class Ended:
+    """What the launcher knows of one worker: its exit code (negative: killed by that signal;
+    None: still running) and the status it wrote (None: none)."""
+
+    node: int
+    returncode: int | None
+    status: WorkerStatus | None
+    log: str = ""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The launcher's one-line account of a failed run: ``node`` the node blamed (None: not one
+    node's fault), ``kind`` the fault kind, ``exit_code`` the exit code of ``skippipe train``."""
+
+    message: str
+    node: int | None
+    kind: FaultKind
+    exit_code: int = EXIT_RUN
+
+
+def verdict(workers: list[Ended]) -> Verdict:
+    """The node that caused a failure, decided from exit codes and typed statuses only.
+
+    1. A worker killed by a signal it did not handle (SIGKILL, out of memory) is the cause.
+    2. A worker that failed on its own (a crash, bad input, or no status at all) is the cause.
+    3. Diverged training is the run's fault, not a node's.
+    4. Otherwise every failed worker lost, waited for or refused a peer: the peer most of them
+       point at is named; timeouts count first (errors after a timeout are echoes of it).
+    """
+    failed = sorted((w for w in workers if w.returncode not in (None, 0)), key=lambda w: w.node)
+    if not failed:
+        return Verdict("no worker failed", None, FaultKind.OK, EXIT_OK)
+    for w in failed:
+        if w.returncode is not None and w.returncode < 0:
+            return Verdict(f"node {w.node} died (killed by {signal_name(-w.returncode)}); see {w.log}", w.node, FaultKind.CRASH)
+    for w in failed:
+        st = w.status
+        if st is not None and st.kind == FaultKind.INTERRUPTED:  # someone else signalled a worker
+            how = signal_name(st.signal) if st.signal is not None else "a signal"
+            return Verdict(f"node {w.node} was stopped by {how} (not by the launcher); see {w.log}", w.node, st.kind)
+        if st is None:
+            return Verdict(f"node {w.node} failed (exit code {w.returncode}, no status written); see {w.log}", w.node,
+                           FaultKind.CRASH)
+        if st.kind in (FaultKind.CRASH, FaultKind.BAD_INPUT):
+            code = EXIT_USER if st.kind == FaultKind.BAD_INPUT else EXIT_RUN
+            return Verdict(f"node {w.node} failed: {st.message}", w.node, st.kind, code)
+    for w in failed:
+        st = w.status
+        if st is not None and st.kind == FaultKind.DIVERGED:
+            return Verdict(st.message, None, FaultKind.DIVERGED)
+    pointing = [w for w in failed if w.status is not None and w.status.kind in POINTS_AT_PEER and w.status.peers]
+    timeouts = [w for w in pointing if w.status is not None and w.status.kind == FaultKind.MESSAGE_TIMEOUT]
+    pointing = timeouts or pointing
+    if not pointing:
+        first = failed[0]
+        text = first.status.message if first.status is not None else f"exit code {first.returncode}"
+        kind = first.status.kind if first.status is not None else FaultKind.CRASH
+        return Verdict(f"node {first.node} stopped: {text}", first.node, kind)
+    votes = Counter(p for w in pointing for p in (w.status.peers if w.status is not None else ()))
+    suspect = min(votes, key=lambda p: (-votes[p], p))
+    waiting = [w for w in pointing if w.status is not None and suspect in w.status.peers]
+    kind = waiting[0].status.kind if waiting[0].status is not None else FaultKind.CRASH
+    state = {None: "still running", 0: "finished"}.get(_returncode(workers, suspect), "exited")
+    detail = waiting[0].status.message if waiting[0].status is not None else ""
+    nodes = ", ".join(str(w.node) for w in waiting)
+    if kind == FaultKind.BAD_MESSAGE:
+        return Verdict(f"node {suspect} sent messages the plan does not allow; node(s) {nodes} refused them: {detail}",
+                       suspect, kind)
+    return Verdict(f"node {suspect} stopped answering ({state}); node(s) {nodes} waited for it: {detail}", suspect, kind)
+
+
+def _returncode(workers: list[Ended], node: int) -> int | None:
+    return next((w.returncode for w in workers if w.node == node), None)

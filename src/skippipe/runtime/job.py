@@ -10,20 +10,21 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from skippipe.errors import UserError
+from skippipe.errors import ResumeMismatch, UserError
 from skippipe.fileio import atomic_write_text
 from skippipe.planfile import Plan, load_plan, save_plan
 from skippipe.runtime import checkpoint as ckpt
+from skippipe.runtime import runfolder
 from skippipe.runtime.config import RunConfig
 from skippipe.runtime.metrics import METRICS_FILE, read_metrics
 
-RUN_OUTPUTS = ("checkpoints", "timeline", "tensorboard", "logs", METRICS_FILE, "timeline.png", "plan.json", "config.json")
+# what a resumed run may change: how long, how often to record, how to run; never what is trained
+RESUMABLE = {"train": ("steps",), "run": None, "runtime": None}
 
 
 @dataclass
@@ -58,12 +59,9 @@ def build_plan(cfg: RunConfig, model_cfg: Any, seq_len: int) -> Plan:
     if cfg.plan.file:
         return load_plan(cfg.plan.file)
     from skippipe.cluster import load_cluster
+    from skippipe.planner.methods import make_plan
     from skippipe.planner.problem import build_problem
 
-    try:
-        from skippipe.planner.methods import make_plan
-    except ImportError:
-        raise UserError("planning needs skippipe.planner.methods, which this installation lacks; give [plan] file") from None
     train = cfg.train_config()
     cluster = load_cluster(cfg.plan.cluster)
     workload = cfg.plan.workload(model_cfg.n_layers, model_cfg.d_model, seq_len, train.samples_per_microbatch)
@@ -79,15 +77,12 @@ def prepare(cfg: RunConfig, run_dir: Path, resume: bool = False, fresh: bool = F
     if resume and fresh:
         raise UserError("--resume and --fresh exclude each other")
     if existing and not resume and not fresh:
-        raise UserError(f"{run_dir} already holds a run ({', '.join(existing)}); continue it with --resume, or start over with --fresh")
+        held = ", ".join(existing)
+        raise UserError(f"{run_dir} already holds a run ({held}); continue it with --resume, or start over with --fresh")
+    runfolder.claim(run_dir)  # refuses a folder that is not ours before anything is written
     if fresh:
-        for name in RUN_OUTPUTS:
-            p = run_dir / name
-            if p.is_dir():
-                shutil.rmtree(p)
-            elif p.exists():
-                p.unlink()
-    run_dir.mkdir(parents=True, exist_ok=True)
+        runfolder.delete_outputs(run_dir)
+    runfolder.clean_partials(run_dir)
     data = token_data_for(train)  # warms the tokenizer/token cache once for all workers
     model_cfg = train.model_config(data.vocab_size)
     seq_len = train.tokens_per_sample(model_cfg)
@@ -102,6 +97,7 @@ def prepare(cfg: RunConfig, run_dir: Path, resume: bool = False, fresh: bool = F
         plan = load_plan(plan_file)
         info = ckpt.verify(latest, plan)
         start = info.step
+        check_resume_config(cfg, run_dir / "config.json")
         if start >= train.steps:
             raise UserError(f"--resume: the checkpoint in {latest} is at step {start}; [train] steps = {train.steps} are done")
     else:
@@ -112,21 +108,37 @@ def prepare(cfg: RunConfig, run_dir: Path, resume: bool = False, fresh: bool = F
     save_plan(plan, run_dir / "plan.json")
     config_file = run_dir / "config.json"
     atomic_write_text(config_file, json.dumps(cfg.to_dict(), indent=1) + "\n")
-    predicted, ops = None, None
-    try:
-        from skippipe.sim import simulate
+    from skippipe.sim import simulate
 
-        res = simulate(plan, bound=False)
-        predicted, ops = (res.makespan_s if res.finished else None), res.ops
-    except ImportError:
-        pass
+    res = simulate(plan, bound=False)
+    predicted, ops = (res.makespan_s if res.finished else None), res.ops
     return Prepared(cfg, run_dir, plan, config_file, start, train.steps, predicted, ops)
 
 
-def train(prep: Prepared, until: int | None = None, progress: bool = True) -> Summary:
+def check_resume_config(cfg: RunConfig, previous: Path) -> None:
+    """``--resume`` must train what the run trained: every key of ``[plan]``, ``[model]`` and
+    ``[train]`` (but ``steps``) as in the run's ``config.json``; else ``ResumeMismatch`` naming it."""
+    try:
+        was = json.loads(previous.read_text())
+    except (OSError, ValueError):
+        return  # no earlier config to compare with: the checkpoint's own checks still apply
+    if not isinstance(was, dict):
+        return
+    now = cfg.to_dict()
+    for table in ("plan", "model", "train"):
+        free = RESUMABLE.get(table) or ()
+        old, new = was.get(table) or {}, now.get(table) or {}
+        for key in sorted(set(old) | set(new)):
+            if key not in free and old.get(key) != new.get(key):
+                raise ResumeMismatch(f"[{table}] {key}", new.get(key), old.get(key), str(previous))
+
+
+def train(prep: Prepared, until: int | None = None, progress: bool = True, lock_fd: int | None = None,
+          checkpoint_on_stop: bool = False) -> Summary:
     """Launch one worker per plan node here, show progress, summarise."""
     from tqdm import tqdm
 
+    from skippipe.runtime.entry import WorkerArgs
     from skippipe.runtime.launch import launch_local
 
     cfg, run_dir = prep.cfg, prep.run_dir
@@ -134,11 +146,8 @@ def train(prep: Prepared, until: int | None = None, progress: bool = True) -> Su
     end = prep.steps if until is None else min(prep.steps, until)
     if end <= prep.start_step:
         raise UserError(f"--until {until} is not after the checkpoint's step {prep.start_step}")
-    args = [str(prep.config_file), "--run-dir", str(run_dir)]
-    if prep.start_step > 0:
-        args.append("--resume")
-    if until is not None:
-        args += ["--until", str(until)]
+    args = WorkerArgs(str(prep.config_file), run_dir=str(run_dir), resume=prep.start_step > 0, until=until,
+                      checkpoint_on_stop=checkpoint_on_stop)
     bar = tqdm(total=end - prep.start_step, desc="train", unit="it", disable=not progress, dynamic_ncols=True)
     seen = {"n": 0}
     path = run_dir / METRICS_FILE
@@ -162,7 +171,8 @@ def train(prep: Prepared, until: int | None = None, progress: bool = True) -> Su
         launch_local(
             prep.plan.n_nodes, args, run_dir, stall_s=stall, rendezvous_timeout_s=rt.rendezvous_timeout_s,
             on_poll=poll, master_addr=rt.master_addr, master_port=rt.master_port,
-            threads_per_worker=rt.threads_per_worker, start_method=rt.start_method,
+            threads_per_worker=rt.threads_per_worker, start_method=rt.start_method, lock_fd=lock_fd,
+            stop_grace_s=rt.timeout_s + 30.0 if checkpoint_on_stop else 10.0,
         )
         poll()
     finally:

@@ -41,7 +41,7 @@ import torch
 import torch.distributed as dist
 
 from skippipe.data.tokenizer import Tokenizer
-from skippipe.errors import BadMessage, MessageTimeout, RunInterrupted, TrainingDiverged, UserError
+from skippipe.errors import BadMessage, MessageTimeout, RunInterrupted, TrainingDiverged
 from skippipe.fileio import atomic_write_text
 from skippipe.model.config import ModelConfig
 from skippipe.planfile import Plan
@@ -51,7 +51,8 @@ from skippipe.runtime.emulation import Emulation
 from skippipe.runtime.faults import StopRequest
 from skippipe.runtime.metrics import MetricsWriter
 from skippipe.runtime.process_group import Groups, communicating
-from skippipe.runtime.schedule import NodeSchedule, expected_messages, hops, node_work
+from skippipe.runtime.saving import CheckpointWriter, save_run_checkpoint
+from skippipe.runtime.schedule import NodeSchedule, awaited, describe_awaited, expected_messages, hops, node_work
 from skippipe.runtime.transport import BACKWARD, FORWARD, Message, MessageBounds, Transport
 from skippipe.train import grads as G
 from skippipe.train.config import TrainConfig
@@ -177,11 +178,10 @@ class Worker:
         try:
             self._serve(state)
         except MessageTimeout as exc:
-            awaited = self._missing(state)
-            peers = tuple(sorted({node for _, node in awaited})) or exc.peers
-            raise MessageTimeout(
-                peers, exc.waited_s, f"{exc.detail} in iteration {it + 1}; node {self.node} was waiting for {_describe(awaited)}"
-            ) from None
+            missing = self._missing(state)
+            peers = tuple(sorted({node for _, node in missing})) or exc.peers
+            detail = f"{exc.detail} in iteration {it + 1}; node {self.node} was waiting for {describe_awaited(missing)}"
+            raise MessageTimeout(peers, exc.waited_s, detail) from None
         self.transport.flush()
         return self._step(state)
 
@@ -193,26 +193,7 @@ class Worker:
 
     def _missing(self, state: _Iteration) -> list[tuple[str, int]]:
         """The messages this node still expects: (what, from which node)."""
-        sched, inputs = state.sched, state.inputs
-        out: list[tuple[str, int]] = []
-        for mb in self.own:
-            h = self.hops[mb.id]
-            if h.prev is None:
-                continue
-            if sched.has_done("F", mb.id) and not sched.has_done("L", mb.id) and ("L", mb.id) not in inputs:
-                out.append((f"activations of microbatch {mb.id}", h.prev))
-            elif sched.has_done("L", mb.id) and not sched.has_done("B", mb.id) and ("B", mb.id) not in inputs:
-                if h.next is not None:
-                    out.append((f"the gradient of microbatch {mb.id}", h.next))
-        for mb in self.visiting:
-            h = self.hops[mb.id]
-            if not sched.has_done("F", mb.id) and ("F", mb.id) not in inputs:
-                if h.prev is not None:
-                    out.append((f"activations of microbatch {mb.id}", h.prev))
-            elif sched.has_done("F", mb.id) and not sched.has_done("B", mb.id) and ("B", mb.id) not in inputs:
-                if h.next is not None:
-                    out.append((f"the gradient of microbatch {mb.id}", h.next))
-        return out
+        return awaited(self.own, self.visiting, self.hops, state.sched, set(state.inputs))
 
     def _take(self, state: _Iteration, msg: Message) -> None:
         """File a received message; ``BadMessage`` for one this node does not expect from its sender."""
@@ -353,41 +334,13 @@ class Worker:
         )
 
     # ------------------------------------------------------------------ checkpoints
-    def _finite_everywhere(self) -> bool:
-        """True when the weights and optimizer state of every stage are finite (all ranks call it)."""
-        ok = all(bool(torch.isfinite(p).all()) for p in self.stage.parameters())
-        for st in self.optimizer.state.values():
-            ok = ok and all(bool(torch.isfinite(v).all()) for v in st.values() if isinstance(v, torch.Tensor))
-        flag = torch.tensor([1.0 if ok else 0.0])
-        with communicating("the check before a checkpoint", self.s.timeout_s):
-            dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.s.groups.world)
-        return float(flag[0]) > 0
-
     def save_checkpoint(self, step: int, keep: int) -> None:
-        """All ranks call this; see ``checkpoint.py`` for the protocol. Non-finite weights are
-        never written (``TrainingDiverged``)."""
-        g = self.s.groups
-        if not self._finite_everywhere():
-            raise TrainingDiverged(step, "weights")
-        with communicating(f"writing the checkpoint of step {step}", self.s.timeout_s):
-            if self.node == 0:
-                ckpt.begin(self.s.run_dir, step)
-            dist.barrier(group=g.world)
-            folder = ckpt.partial_dir(self.s.run_dir, step)
-            if g.stage_ranks[0] == self.node:
-                ckpt.save_stage(folder, self.stage_index, self.stage, self.optimizer)
-            dist.barrier(group=g.world)
-            if self.node == 0:
-                from skippipe.model.checkpoint import write_checkpoint_meta
-
-                def meta(folder: Path) -> None:
-                    write_checkpoint_meta(
-                        folder, self.s.model_cfg, step, self.s.plan.layers, train=self.s.train_cfg.to_dict(),
-                        plan=self.s.plan, tokenizer=self.s.tokenizer,
-                    )
-
-                ckpt.commit(self.s.run_dir, step, self.s.plan, self.losses_so_far, keep, write_meta=meta)
-            dist.barrier(group=g.world)
+        """All ranks call this (``saving.save_run_checkpoint``); non-finite weights are never written."""
+        s = self.s
+        save_run_checkpoint(
+            CheckpointWriter(s.run_dir, s.plan, self.node, s.groups, s.timeout_s, s.model_cfg, s.train_cfg, s.tokenizer),
+            self.stage_index, self.stage, self.optimizer, step, self.losses_so_far, keep,
+        )
 
     def load_checkpoint(self, folder: Path) -> None:
         ckpt.load_stage(folder, self.stage_index, self.stage, self.optimizer)
@@ -444,21 +397,3 @@ class Worker:
         path = self.s.run_dir / "timeline" / f"node-{self.node:03d}.json"
         data = {"node": self.node, "stage": self.stage_index, "time_scale": self.scale, "records": self.s.timeline}
         atomic_write_text(path, json.dumps(data) + "\n")
-
-
-def _describe(awaited: list[tuple[str, int]]) -> str:
-    """E.g. 'activations of microbatch 3 from node 5'."""
-    if not awaited:
-        return "nothing (its own work was done)"
-    parts = [f"{what} from node {node}" for what, node in awaited[:3]]
-    more = f" and {len(awaited) - 3} more" if len(awaited) > 3 else ""
-    return ", ".join(parts) + more
-
-
-def check_plan_fits(plan: Plan, world_size: int, n_layers: int) -> None:
-    """The plan must have one node per worker and cover exactly the model's layers."""
-    if plan.n_nodes != world_size:
-        raise UserError(f"the plan has {plan.n_nodes} nodes but {world_size} workers were started (one worker per plan node)")
-    covered = sum(len(ls) for ls in plan.layers)
-    if covered != n_layers:
-        raise UserError(f"the plan's stages hold {covered} layers but the model has {n_layers}")
