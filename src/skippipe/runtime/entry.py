@@ -36,7 +36,7 @@ from types import FrameType
 
 from skippipe.errors import RunInterrupted, UserError, signal_name
 from skippipe.planfile import Plan
-from skippipe.runtime.faults import EXIT_OK, EXIT_RUN, FaultKind, StopRequest, status_of, write_status
+from skippipe.runtime.faults import EXIT_OK, EXIT_RUN, FaultKind, StopRequest, WorkerStatus, status_of, write_status
 
 LIFELINE_ENV = "SKIPPIPE_LIFELINE_FD"
 
@@ -134,8 +134,12 @@ def _watch_lifeline() -> None:
                 pass
         except OSError:
             pass
-        print(f"node {_rank()}: error: the launcher is gone; stopping", file=sys.stderr, flush=True)
-        os._exit(EXIT_RUN)
+        message = "the launcher is gone; stopping"
+        print(f"node {_rank()}: error: {message}", file=sys.stderr, flush=True)
+        try:
+            write_status(WorkerStatus(_rank(), FaultKind.LAUNCHER_GONE, EXIT_RUN, message))
+        finally:
+            os._exit(EXIT_RUN)
 
     threading.Thread(target=watch, name="lifeline", daemon=True).start()
 
@@ -177,7 +181,7 @@ def _run(args: WorkerArgs, stop: StopRequest) -> int:
         torch.cuda.set_device(device)
 
     t1 = time.monotonic()
-    store_socket = pg.init(env, rt.timeout_s, rt.rendezvous_timeout_s)
+    hosted_store = pg.init(env, rt.timeout_s, rt.rendezvous_timeout_s)
     t2 = time.monotonic()
     groups = pg.make_groups(plan.stages, env.rank, rt.backend)
     pg.agree(json.dumps(plan.to_dict(), sort_keys=True), "plan", rt.timeout_s)
@@ -223,8 +227,7 @@ def _run(args: WorkerArgs, stop: StopRequest) -> int:
     finally:
         if metrics is not None:
             metrics.close()
-        if store_socket is not None:
-            store_socket.close()
+        del hosted_store  # a store this rank hosted lives until the end
     return EXIT_OK
 
 

@@ -260,7 +260,7 @@ def launch_local(
         raise UserError(f"start method must be one of {', '.join(START_METHODS)}, got {start_method!r}")
     from skippipe.runtime.process_group import host_store
 
-    store, sock = host_store(master_addr, master_port, world_size, rendezvous_timeout_s)
+    store = host_store(master_addr, master_port, world_size, rendezvous_timeout_s)
     logs = run_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     base_env = dict(os.environ)
@@ -295,7 +295,6 @@ def launch_local(
     finally:
         starter.close()
         del store
-        sock.close()
 
 
 def _write_pids(logs: Path, workers: list[WorkerProc]) -> None:

@@ -86,9 +86,9 @@ def listen_socket(addr: str, port: int) -> socket.socket:
     return sock
 
 
-def host_store(addr: str, port: int, world_size: int, timeout_s: float) -> tuple[dist.TCPStore, socket.socket]:
+def host_store(addr: str, port: int, world_size: int, timeout_s: float) -> dist.TCPStore:
     """A TCPStore server listening on ``addr`` only; port 0 picks a free one (``store.port``).
-    Keep the returned socket open as long as the store."""
+    The store owns the listening socket (it closes it when it goes)."""
     sock = listen_socket(addr, port)
     try:
         store = dist.TCPStore(
@@ -98,7 +98,8 @@ def host_store(addr: str, port: int, world_size: int, timeout_s: float) -> tuple
     except (RuntimeError, OSError, ValueError) as exc:
         sock.close()
         raise UserError(f"cannot host the rendezvous at {addr}:{port}: {first_line(exc, 200)}") from None
-    return store, sock
+    sock.detach()  # the store closes the descriptor
+    return store
 
 
 def wait_reachable(addr: str, port: int, timeout_s: float, world_size: int) -> None:
@@ -119,13 +120,12 @@ def wait_reachable(addr: str, port: int, timeout_s: float, world_size: int) -> N
         time.sleep(0.2)
 
 
-def init(env: Env, timeout_s: float, rendezvous_timeout_s: float) -> socket.socket | None:
+def init(env: Env, timeout_s: float, rendezvous_timeout_s: float) -> dist.TCPStore | None:
     """Join the default (gloo) group; unreachable rendezvous -> one-line UserError. Returns the
-    listening socket of a store this rank hosts (keep it open), else None."""
+    store this rank hosts (keep a reference while the job runs), else None."""
     where = f"{env.master_addr}:{env.master_port}"
     pg_timeout = datetime.timedelta(seconds=timeout_s)
     t0 = time.monotonic()
-    sock = None
     try:
         if env.torchrun:
             os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
@@ -134,7 +134,7 @@ def init(env: Env, timeout_s: float, rendezvous_timeout_s: float) -> socket.sock
             dist.init_process_group("gloo", init_method="env://", timeout=timeout)
             return None
         if env.rank == 0 and not env.hosted:
-            store, sock = host_store(env.master_addr, env.master_port, env.world_size, rendezvous_timeout_s)
+            store = host_store(env.master_addr, env.master_port, env.world_size, rendezvous_timeout_s)
         else:
             wait_reachable(env.master_addr, env.master_port, rendezvous_timeout_s, env.world_size)
             left = max(1.0, rendezvous_timeout_s - (time.monotonic() - t0))
@@ -144,10 +144,8 @@ def init(env: Env, timeout_s: float, rendezvous_timeout_s: float) -> socket.sock
             )
         store.set_timeout(datetime.timedelta(seconds=rendezvous_timeout_s))
         dist.init_process_group("gloo", store=store, rank=env.rank, world_size=env.world_size, timeout=pg_timeout)
-        return sock
+        return store if env.rank == 0 and not env.hosted else None
     except (RuntimeError, ValueError, OSError) as exc:
-        if sock is not None:
-            sock.close()
         if time.monotonic() - t0 >= 0.9 * rendezvous_timeout_s:
             raise UserError(
                 f"not all {env.world_size} workers joined the rendezvous at {where} within {rendezvous_timeout_s:g} s"
