@@ -40,7 +40,7 @@ class Cluster:
     forward_s: np.ndarray | None = None  # explicit forward seconds per microbatch per node
     memory: np.ndarray | None = None  # activation slots (microbatches) per node
     stages: list[list[int]] | None = None  # a fixed node -> stage allocation
-    t_layer_s: float | None = None  # the table's compute constant, if it came from one
+    t_layer_s: float | None = None  # compute constant of the reference layer (costs.layer_flops), if given
 
     def __post_init__(self) -> None:
         if self.compute_speed.size == 0:
