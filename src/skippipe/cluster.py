@@ -213,7 +213,7 @@ def _vector(data: dict[str, Any], key: str, n: int, where: str, positive: bool =
 
 KNOWN_KEYS = {
     "name", "table", "locations", "latency_ms", "bandwidth_GBps", "transfer_s",
-    "compute_speed", "forward_s", "memory", "stages", "t_layer_s", "n", "description",
+    "compute_speed", "forward_s", "memory", "stages", "t_layer_s", "n", "description", "profile",
 }
 
 
