@@ -138,6 +138,10 @@ def run(args: argparse.Namespace) -> int:
     if out.suffix.lower() != ".json":
         raise UserError(f"--out {out}: cluster files written by profile are JSON; give a name ending in .json")
     check_writable(out, "cluster file")
+    from skippipe.model.config import get_preset
+
+    if get_preset(spec.model).n_layers < spec.stages:
+        raise UserError(f"--stages {spec.stages}: model {spec.model!r} has only {get_preset(spec.model).n_layers} layers")
     if args.worker:
         from skippipe.runtime.profile.worker import run_profile_worker
 
