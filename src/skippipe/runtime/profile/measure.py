@@ -76,8 +76,8 @@ def _sync(device: torch.device) -> None:
 
 def stage_compute(cfg: ModelConfig, layers: int, samples: int, reps: int, device: torch.device) -> tuple[float, float, int, int]:
     """(forward s, backward s, activation bytes, state bytes) of one stage of ``layers`` layers on
-    one microbatch of ``samples`` x ``cfg.ctx`` tokens: the median of ``reps`` passes after a
-    warm-up. Activation bytes are what autograd keeps for the backward (distinct storages); state
+    one microbatch of ``samples`` x ``cfg.ctx`` tokens: the fastest of ``reps`` passes after a
+    warm-up (other work on the machine only ever adds time). Activation bytes are what autograd keeps for the backward (distinct storages); state
     bytes are fp32 weights, gradients and two Adam moments of the stage plus embedding and head
     (a data node holds those)."""
     stage = build_stage(cfg, range(layers), first=False).to(device)
@@ -108,7 +108,7 @@ def stage_compute(cfg: ModelConfig, layers: int, samples: int, reps: int, device
             bwd.append(t2 - t1)
         stage.zero_grad(set_to_none=True)
     params = sum(p.numel() for p in stage.parameters()) + 2 * cfg.vocab_size * cfg.d_model
-    return float(np.median(fwd)), float(np.median(bwd)), int(sum(saved.values())), int(params * 16)
+    return min(fwd), min(bwd), int(sum(saved.values())), int(params * 16)
 
 
 def usable_bytes(device: torch.device, fraction: float) -> int:
