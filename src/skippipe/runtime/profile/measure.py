@@ -77,9 +77,9 @@ def _sync(device: torch.device) -> None:
 def stage_compute(cfg: ModelConfig, layers: int, samples: int, reps: int, device: torch.device) -> tuple[float, float, int, int]:
     """(forward s, backward s, activation bytes, state bytes) of one stage of ``layers`` layers on
     one microbatch of ``samples`` x ``cfg.ctx`` tokens: the fastest of ``reps`` passes after a
-    warm-up (other work on the machine only ever adds time). Activation bytes are what autograd keeps for the backward (distinct storages); state
-    bytes are fp32 weights, gradients and two Adam moments of the stage plus embedding and head
-    (a data node holds those)."""
+    warm-up (other work on the machine only ever adds time). Activation bytes are what autograd
+    keeps for the backward (distinct storages); state bytes are fp32 weights, gradients and two
+    Adam moments of the stage plus embedding and head (a data node holds those)."""
     stage = build_stage(cfg, range(layers), first=False).to(device)
     saved: dict[int, int] = {}
 
