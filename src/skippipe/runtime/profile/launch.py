@@ -3,8 +3,9 @@
 The launcher hosts the rendezvous store on a free port and starts each worker, forked from a
 server that imported torch once, with torchrun's environment (``RANK``, ``WORLD_SIZE``,
 ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``); the worker runs exactly what
-``torchrun ... -m skippipe.cli profile --worker`` runs. A worker that fails stops the others and
-the error names it. Worker output goes to a temporary folder, removed afterwards.
+``torchrun ... -m skippipe.cli profile --worker`` runs (``ProfileSpec.to_argv`` gives its
+flags). A worker that fails stops the others and the error names it. Worker output goes to a
+temporary folder, removed afterwards.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 
 from skippipe.errors import UserError
 from skippipe.runtime.profile.spec import ProfileSpec
-from skippipe.runtime.profile.worker import PROGRESS_ENV, PROGRESS_KEY, total_rounds
+from skippipe.runtime.profile.worker import PROGRESS_ENV, PROGRESS_KEY, run_profile_worker, total_rounds
 
 
 class ProfileFailed(UserError):
@@ -28,7 +29,9 @@ class ProfileFailed(UserError):
     exit_code = 3
 
 
-def _child(env: dict[str, str], log: str, argv: list[str]) -> None:
+def _child(env: dict[str, str], log: str, spec: ProfileSpec) -> None:
+    """A forked worker: torchrun's environment, output to its log, then what ``skippipe profile
+    --worker`` runs; a failure is its last line."""
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     sys.stdout.flush()
     sys.stderr.flush()
@@ -36,9 +39,14 @@ def _child(env: dict[str, str], log: str, argv: list[str]) -> None:
     os.dup2(fd, 2)
     os.close(fd)
     os.environ.update(env)
-    from skippipe.cli import main
-
-    code = main(["profile", *argv, "--worker"])
+    try:
+        code = run_profile_worker(spec)
+    except UserError as exc:
+        print(" ".join(str(exc).split()), file=sys.stderr)
+        code = exc.exit_code
+    except Exception as exc:  # a crash or a lost peer: its one-line cause for the launcher
+        print(f"{type(exc).__name__}: {' '.join(str(exc).split())[:500]}", file=sys.stderr)
+        code = 1
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
@@ -84,7 +92,7 @@ def launch_profile(spec: ProfileSpec, nodes: int, deadline_s: float, show_progre
         try:
             for r in range(nodes):
                 env = dict(base, RANK=str(r), LOCAL_RANK=str(r))
-                p = ctx.Process(target=_child, args=(env, str(logs[r]), spec.to_argv()), name=f"skippipe-profile-{r}")
+                p = ctx.Process(target=_child, args=(env, str(logs[r]), spec), name=f"skippipe-profile-{r}")
                 p.start()
                 procs.append(p)
             end = time.monotonic() + deadline_s
