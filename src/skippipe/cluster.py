@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from skippipe.config_fields import read_config_file as read_json_or_toml
-from skippipe.config_fields import reject_unknown_keys
+from skippipe.config_fields import read_dataclass
 from skippipe.costs import forward_seconds, transfer_seconds
 from skippipe.errors import ClusterError
 
@@ -68,6 +68,7 @@ class Cluster:
         return np.full(self.n, int(default), dtype=int)
 
     def to_dict(self) -> dict[str, Any]:
+        """The cluster as a file ``cluster_from_dict`` reads back."""
         out: dict[str, Any] = {"name": self.name, "n": self.n}
         if self.locations is not None:
             out["locations"] = list(self.locations)
@@ -76,9 +77,10 @@ class Cluster:
         else:
             out["latency_ms"] = np.asarray(self.latency_ms).tolist()
             out["bandwidth_GBps"] = np.asarray(self.bandwidth_GBps).tolist()
-        out["compute_speed"] = np.asarray(self.compute_speed).tolist()
-        if self.forward_s is not None:
+        if self.forward_s is not None:  # the two exclude each other in a cluster file
             out["forward_s"] = np.asarray(self.forward_s).tolist()
+        else:
+            out["compute_speed"] = np.asarray(self.compute_speed).tolist()
         if self.memory is not None:
             out["memory"] = np.asarray(self.memory).tolist()
         if self.stages is not None:
@@ -178,102 +180,99 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     return read_json_or_toml(path, default_format="json", error=ClusterError)
 
 
-def _matrix(data: dict[str, Any], key: str, n: int | None, where: str) -> np.ndarray:
-    value = data[key]
-    try:
-        m = np.array(value, dtype=float)
-    except (TypeError, ValueError):
-        raise ClusterError(f"{where}: {key} must be a square matrix of numbers") from None
-    if m.ndim != 2 or m.shape[0] != m.shape[1]:
-        raise ClusterError(f"{where}: {key} must be a square N x N matrix, got shape {list(m.shape)}")
+NON_NEGATIVE = {"min": 0}
+ABOVE_ZERO = {"gt": 0}
+
+
+@dataclass(frozen=True)
+class ClusterFile:
+    """The keys of a cluster file, read by ``read_dataclass``; ``cluster_from_dict`` checks how
+    they fit together (shapes, one link description) and builds the ``Cluster``."""
+
+    name: str | None = None
+    description: str | None = None
+    n: int | None = field(default=None, metadata={"min": 2})  # optional: must match the matrices
+    table: str = "gcp-2025"  # network table for locations without matrices
+    locations: list[str] | None = None
+    latency_ms: list[list[float]] | None = field(default=None, metadata=NON_NEGATIVE)
+    bandwidth_GBps: list[list[float]] | None = field(default=None, metadata=NON_NEGATIVE)
+    transfer_s: list[list[float]] | None = field(default=None, metadata=NON_NEGATIVE)
+    compute_speed: float | list[float] | None = field(default=None, metadata=ABOVE_ZERO)  # one for all, or per node
+    forward_s: float | list[float] | None = field(default=None, metadata=ABOVE_ZERO)
+    memory: int | list[int] | None = field(default=None, metadata={"min": 1})
+    stages: list[list[int]] | None = field(default=None, metadata={"min": 0, "min_len": 1})
+    t_layer_s: float | None = field(default=None, metadata=ABOVE_ZERO)
+
+
+def _matrix(value: list[list[float]], key: str, n: int | None, where: str) -> np.ndarray:
+    if any(len(row) != len(value) for row in value):
+        lengths = sorted({len(row) for row in value})
+        raise ClusterError(
+            f"{key} must be a square N x N matrix, got {len(value)} rows of length {lengths}", where=where, key=key
+        )
+    m = np.array(value, dtype=float).reshape(len(value), len(value))
     if n is not None and m.shape[0] != n:
-        raise ClusterError(f"{where}: {key} is {m.shape[0]} x {m.shape[0]} but the cluster has {n} nodes")
-    if not np.all(np.isfinite(m)):
-        raise ClusterError(f"{where}: {key} has non-finite entries")
-    if np.any(m < 0):
-        i, j = map(int, np.argwhere(m < 0)[0])
-        raise ClusterError(f"{where}: {key}[{i}][{j}] is negative ({m[i, j]})")
+        raise ClusterError(f"{key} is {m.shape[0]} x {m.shape[0]} but the cluster has {n} nodes", where=where, key=key)
     return m
 
 
-def _vector(data: dict[str, Any], key: str, n: int, where: str, positive: bool = True) -> np.ndarray:
-    value = data[key]
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        value = [value] * n
-    try:
-        v = np.array(value, dtype=float)
-    except (TypeError, ValueError):
-        raise ClusterError(f"{where}: {key} must be a number or a list of {n} numbers") from None
-    if v.ndim != 1 or v.shape[0] != n:
-        raise ClusterError(f"{where}: {key} must have one entry per node ({n}), got {v.size}")
-    if positive and np.any(~(v > 0)):
-        raise ClusterError(f"{where}: every {key} entry must be > 0")
-    return v
-
-
-KNOWN_KEYS = {
-    "name", "table", "locations", "latency_ms", "bandwidth_GBps", "transfer_s",
-    "compute_speed", "forward_s", "memory", "stages", "t_layer_s", "n", "description",
-}
+def _vector(value: float | list[float], key: str, n: int, where: str) -> np.ndarray:
+    values = value if isinstance(value, list) else [value] * n
+    if len(values) != n:
+        raise ClusterError(f"{key} must have one entry per node ({n}), got {len(values)}", where=where, key=key)
+    return np.array(values, dtype=float)
 
 
 def cluster_from_dict(data: dict[str, Any], where: str = "cluster") -> Cluster:
-    reject_unknown_keys(data, KNOWN_KEYS, where, error=ClusterError)
-    sources = [k for k in ("locations", "latency_ms", "transfer_s") if k in data]
-    if "transfer_s" in data and ("latency_ms" in data or "locations" in data and "bandwidth_GBps" in data):
-        raise ClusterError(f"{where}: give either transfer_s or latency_ms/bandwidth_GBps, not both")
-    if not sources:
-        raise ClusterError(f"{where}: needs one of locations, latency_ms + bandwidth_GBps, or transfer_s")
-    name = str(data.get("name", where))
-    locations = data.get("locations")
+    f = read_dataclass(ClusterFile, data, where, error=ClusterError)
+    if f.transfer_s is not None and (f.latency_ms is not None or f.bandwidth_GBps is not None):
+        raise ClusterError("give either transfer_s or latency_ms/bandwidth_GBps, not both", where=where, key="transfer_s")
+    if f.locations is None and f.latency_ms is None and f.transfer_s is None:
+        raise ClusterError("needs one of locations, latency_ms + bandwidth_GBps, or transfer_s", where=where)
+    if f.compute_speed is not None and f.forward_s is not None:
+        raise ClusterError("give compute_speed or forward_s, not both", where=where, key="forward_s")
     latency = bandwidth = transfer = None
-    t_layer = data.get("t_layer_s")
-    if locations is not None:
-        if not isinstance(locations, list) or not all(isinstance(x, str) for x in locations):
-            raise ClusterError(f"{where}: locations must be a list of location names")
-    if "transfer_s" in data:
-        transfer = _matrix(data, "transfer_s", None, where)
+    t_layer = f.t_layer_s
+    if f.transfer_s is not None:
+        transfer = _matrix(f.transfer_s, "transfer_s", None, where)
         n = transfer.shape[0]
-    elif "latency_ms" in data:
-        if "bandwidth_GBps" not in data:
-            raise ClusterError(f"{where}: latency_ms needs a bandwidth_GBps matrix beside it")
-        latency = _matrix(data, "latency_ms", None, where)
+    elif f.latency_ms is not None:
+        if f.bandwidth_GBps is None:
+            raise ClusterError("latency_ms needs a bandwidth_GBps matrix beside it", where=where, key="latency_ms")
+        latency = _matrix(f.latency_ms, "latency_ms", None, where)
         n = latency.shape[0]
-        bandwidth = _matrix(data, "bandwidth_GBps", n, where)
-        off = ~np.eye(n, dtype=bool)
-        if np.any(bandwidth[off] <= 0):
-            raise ClusterError(f"{where}: bandwidth_GBps must be > 0 between distinct nodes")
+        bandwidth = _matrix(f.bandwidth_GBps, "bandwidth_GBps", n, where)
+        if np.any(bandwidth[~np.eye(n, dtype=bool)] <= 0):
+            raise ClusterError("bandwidth_GBps must be > 0 between distinct nodes", where=where, key="bandwidth_GBps")
     else:
-        table = data.get("table", "gcp-2025")
-        assert locations is not None
-        latency, bandwidth = location_matrices(table, locations)
-        n = len(locations)
+        assert f.locations is not None
+        if f.table not in network_tables():
+            known = ", ".join(network_tables())
+            raise ClusterError(f"unknown network table {f.table!r} (known: {known})", where=where, key="table")
+        places = list(_table(f.table)["locations"])
+        for i, loc in enumerate(f.locations):
+            if loc not in places:
+                raise ClusterError(
+                    f"locations[{i}]: unknown location {loc!r} in table {f.table!r} (known: {', '.join(places)})",
+                    where=where, key="locations",
+                )
+        latency, bandwidth = location_matrices(f.table, f.locations)
+        n = len(f.locations)
         if t_layer is None:
-            t_layer = float(_table(table)["compute_s_per_sample_per_layer"])
-    if locations is not None and len(locations) != n:
-        raise ClusterError(f"{where}: {len(locations)} locations for {n} nodes")
+            t_layer = float(_table(f.table)["compute_s_per_sample_per_layer"])
+    if f.locations is not None and len(f.locations) != n:
+        raise ClusterError(f"{len(f.locations)} locations for {n} nodes", where=where, key="locations")
     if n < 2:
-        raise ClusterError(f"{where}: a cluster needs at least 2 nodes, got {n}")
-    if "compute_speed" in data and "forward_s" in data:
-        raise ClusterError(f"{where}: give compute_speed or forward_s, not both")
-    speed = _vector(data, "compute_speed", n, where) if "compute_speed" in data else np.ones(n)
-    forward = _vector(data, "forward_s", n, where) if "forward_s" in data else None
-    memory = None
-    if "memory" in data:
-        mem = _vector(data, "memory", n, where)
-        if np.any(mem != np.round(mem)):
-            raise ClusterError(f"{where}: memory must be whole numbers of microbatches")
-        memory = mem.astype(int)
-    stages = None
-    if "stages" in data:
-        stages = data["stages"]
-        if not isinstance(stages, list) or not all(isinstance(s, list) and s for s in stages):
-            raise ClusterError(f"{where}: stages must be a list of non-empty lists of node ids")
-        stages = [[int(x) for x in s] for s in stages]
+        raise ClusterError(f"a cluster needs at least 2 nodes, got {n}", where=where)
+    if f.n is not None and f.n != n:
+        raise ClusterError(f"n = {f.n} but the cluster has {n} nodes", where=where, key="n")
+    memory = None if f.memory is None else _vector(f.memory, "memory", n, where).astype(int)
     return Cluster(
-        name=name, n=n, locations=locations, latency_ms=latency, bandwidth_GBps=bandwidth,
-        transfer_s=transfer, compute_speed=speed, forward_s=forward, memory=memory,
-        stages=stages, t_layer_s=None if t_layer is None else float(t_layer),
+        name=where if f.name is None else f.name, n=n, locations=f.locations, latency_ms=latency,
+        bandwidth_GBps=bandwidth, transfer_s=transfer,
+        compute_speed=np.ones(n) if f.compute_speed is None else _vector(f.compute_speed, "compute_speed", n, where),
+        forward_s=None if f.forward_s is None else _vector(f.forward_s, "forward_s", n, where),
+        memory=memory, stages=f.stages, t_layer_s=t_layer,
     )
 
 
@@ -303,15 +302,14 @@ def example_cluster_names() -> list[str]:
 
 
 def _check_cluster(c: Cluster) -> None:
-    where = c.name
     if c.stages is not None:
         seen: set[int] = set()
         for s in c.stages:
             for node in s:
                 if not 0 <= node < c.n:
-                    raise ClusterError(f"{where}: stage node {node} is not a node id (0..{c.n - 1})")
+                    raise ClusterError(f"stage node {node} is not a node id (0..{c.n - 1})", where=c.name, key="stages")
                 if node in seen:
-                    raise ClusterError(f"{where}: node {node} appears in more than one stage")
+                    raise ClusterError(f"node {node} appears in more than one stage", where=c.name, key="stages")
                 seen.add(node)
     if c.memory is not None and np.any(np.asarray(c.memory) < 1):
-        raise ClusterError(f"{where}: memory must be at least 1 microbatch on every node")
+        raise ClusterError("memory must be at least 1 microbatch on every node", where=c.name, key="memory")
