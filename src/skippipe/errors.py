@@ -30,3 +30,7 @@ class ConfigError(UserError):
 
 class ClusterError(ConfigError):
     """A cluster description that cannot be used."""
+
+
+class OutputError(UserError):
+    """An output path that cannot be written (checked before any work is done)."""

@@ -30,7 +30,7 @@ class PipelineShape:
     microbatches_per_data_node: int = field(default=6, metadata=POSITIVE)
     memory: int = field(default=3, metadata=POSITIVE)  # activation slots per node, unless the cluster says otherwise
     max_swaps: int = field(default=1, metadata=NON_NEGATIVE)
-    max_jump: int = field(default=4, metadata=NON_NEGATIVE)
+    max_jump: int = field(default=4, metadata=NON_NEGATIVE)  # a visit goes at most this many stages past the highest reached (CC3)
     stage_sizes: tuple[int, ...] | None = field(default=None, metadata=POSITIVE)  # nodes per stage; derived when None
 
     def __post_init__(self) -> None:

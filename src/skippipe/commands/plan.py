@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from skippipe.errors import UserError
+from skippipe.fileio import check_writable
 
 # flag (dest) -> Workload field
 WORKLOAD_FLAGS = {
@@ -54,7 +55,9 @@ def add_problem_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--memory", type=int, metavar="M",
                    help=f"activation slots per node, unless the cluster says otherwise (default {d.memory})")
     g.add_argument("--max-swaps", type=int, metavar="K", help=f"swaps of adjacent stages per path (default {d.max_swaps})")
-    g.add_argument("--max-jump", type=int, metavar="J", help=f"stages a path may skip at once (default {d.max_jump})")
+    g.add_argument("--max-jump", type=int, metavar="J",
+                   help=f"a visit may go at most J stages past the highest stage reached so far (default {d.max_jump}: "
+                        f"at most {d.max_jump - 1} stages skipped at once)")
     g.add_argument("--layers", type=int, metavar="N", help=f"model layers (default {d.n_layers})")
     g.add_argument("--d-model", type=int, metavar="D", help=f"model width, sets the activation size (default {d.d_model})")
     g.add_argument("--ctx", type=int, metavar="T", help=f"context length, sets the activation size (default {d.ctx})")
@@ -174,7 +177,7 @@ def format_summary(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def progress(desc: str, total: int):  # noqa: ANN201 - a tqdm bar
+def progress(desc: str, total: int) -> Any:
     """A progress bar on stderr, shown only when stderr is a terminal."""
     from tqdm import tqdm
 
@@ -187,14 +190,13 @@ def progress(desc: str, total: int):  # noqa: ANN201 - a tqdm bar
 def run(args: argparse.Namespace) -> int:
     import json
 
-    from skippipe.planner.methods import make_plan
     from skippipe.planfile import save_plan
+    from skippipe.planner.methods import make_plan
 
     out = Path(args.out)
     if out.suffix.lower() != ".json":
         raise UserError(f"--out {out}: plan files are JSON; give a name ending in .json")
-    if out.exists() and out.is_dir():
-        raise UserError(f"--out {out} is a folder")
+    check_writable(out, "plan file")
     start = time.perf_counter()
     with progress(f"planning ({args.method})", 2) as bar:
         problem = problem_from_args(args)
