@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from skippipe.cli import main
 from skippipe.cluster import ClusterFile, cluster_from_dict, load_cluster
 from skippipe.config_fields import check_fields, known_keys, read_config_file, read_dataclass, to_table
-from skippipe.errors import ClusterError, ConfigError, UserError
+from skippipe.errors import ClusterError, ConfigError, UserError, WorkloadError
 from skippipe.model.config import ModelConfig, model_config_from_dict
 from skippipe.planner.methods import method_names
 from skippipe.runtime.config import PlanSection, RunConfig, RunSection, RuntimeSection, load_run_config, run_config_from_dict
@@ -115,9 +115,13 @@ KINDS: dict[str, tuple[typing.Callable[[dict], typing.Any], dict, type]] = {
 }
 
 
-def _assert_one_line_error(excinfo: pytest.ExceptionInfo, key: str) -> None:
+# the error type of each kind: a file's own kind, ConfigError for the tables of a run config
+ERRORS = {"cluster": ClusterError, "workload": WorkloadError}
+
+
+def _assert_one_line_error(excinfo: pytest.ExceptionInfo, key: str, kind: str) -> None:
     exc = excinfo.value
-    assert type(exc) in (ConfigError, ClusterError), type(exc)
+    assert type(exc) is ERRORS.get(kind, ConfigError), type(exc)
     text = str(exc)
     assert "\n" not in text and "\r" not in text and text.strip() == text, text
     assert key in text, text
@@ -134,7 +138,7 @@ def test_bad_values_give_one_typed_one_line_error(kind, data):
     value = data.draw(bad_values(hints[key]), label="value")
     with pytest.raises(UserError) as excinfo:
         reader({**valid, key: value})
-    _assert_one_line_error(excinfo, key)
+    _assert_one_line_error(excinfo, key, kind)
 
 
 @pytest.mark.parametrize("kind", sorted(KINDS))
@@ -147,7 +151,7 @@ def test_unknown_keys_are_refused_with_the_known_ones(kind, data):
     with pytest.raises(UserError) as excinfo:
         reader({**valid, key: 1})
     exc = excinfo.value
-    assert type(exc) in (ConfigError, ClusterError) and exc.key == key
+    assert type(exc) is ERRORS.get(kind, ConfigError) and exc.key == key
     assert "\n" not in str(exc) and "unknown" in str(exc) and "(known: " in str(exc)
 
 
@@ -158,7 +162,7 @@ def test_a_table_that_is_not_a_table(kind, value):
     reader = KINDS[kind][0]
     with pytest.raises(UserError) as excinfo:
         reader(value)
-    assert type(excinfo.value) in (ConfigError, ClusterError) and "\n" not in str(excinfo.value)
+    assert type(excinfo.value) is ERRORS.get(kind, ConfigError) and "\n" not in str(excinfo.value)
 
 
 # ------------------------------------------------------------------------------ exact messages

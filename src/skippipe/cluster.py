@@ -9,6 +9,7 @@ TOML) that gives each node a location, explicit latency/bandwidth matrices, or a
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
@@ -18,9 +19,10 @@ from typing import Any
 import numpy as np
 
 from skippipe.config_fields import read_config_file as read_json_or_toml
-from skippipe.config_fields import read_dataclass
+from skippipe.config_fields import read_dataclass, show
 from skippipe.costs import forward_seconds, transfer_seconds
 from skippipe.errors import ClusterError
+from skippipe.limits import MAX_CHARS, MAX_NODES
 
 TABLE_NAMES = ("gcp-2025", "aws-2022")
 SETTING_NAMES = ("geo-distributed", "single-cluster", "5-clusters")
@@ -100,7 +102,7 @@ def network_tables() -> dict[str, Any]:
 def _table(name: str) -> dict[str, Any]:
     tables = network_tables()
     if name not in tables:
-        raise ClusterError(f"unknown network table {name!r} (known: {', '.join(tables)})")
+        raise ClusterError(f"unknown network table {show(name)} (known: {', '.join(tables)})")
     return tables[name]
 
 
@@ -114,7 +116,7 @@ def location_matrices(table: str, locations: list[str]) -> tuple[np.ndarray, np.
     known = list(tab["locations"])
     for loc in locations:
         if loc not in known:
-            raise ClusterError(f"unknown location {loc!r} in table {table!r} (known: {', '.join(known)})")
+            raise ClusterError(f"unknown location {show(loc)} in table {table!r} (known: {', '.join(known)})")
     k = len(known)
     idx = {name: i for i, name in enumerate(known)}
     lat = np.full((k, k), np.nan)
@@ -143,9 +145,9 @@ def preset_cluster(table: str, setting: str, n: int) -> Cluster:
     """N nodes placed round-robin over the locations of one of the table's settings."""
     tab = _table(table)
     if setting not in tab["settings"]:
-        raise ClusterError(f"unknown setting {setting!r} for table {table!r} (known: {', '.join(tab['settings'])})")
-    if n < 2:
-        raise ClusterError(f"a cluster needs at least 2 nodes, got {n}")
+        raise ClusterError(f"unknown setting {show(setting)} for table {table!r} (known: {', '.join(tab['settings'])})")
+    if not 2 <= n <= MAX_NODES:
+        raise ClusterError(f"a cluster needs 2 to {MAX_NODES} nodes, got {n}")
     locs = list(tab["settings"][setting])
     locations = [locs[i % len(locs)] for i in range(n)]
     lat, bw = location_matrices(table, locations)
@@ -163,12 +165,14 @@ def parse_preset(spec: str) -> Cluster:
     """``TABLE/SETTING/N``, e.g. ``gcp-2025/geo-distributed/20``."""
     parts = spec.split("/")
     if len(parts) != 3:
-        raise ClusterError(f"preset must look like TABLE/SETTING/N (e.g. gcp-2025/geo-distributed/20), got {spec!r}")
+        raise ClusterError(f"preset must look like TABLE/SETTING/N (e.g. gcp-2025/geo-distributed/20), got {show(spec)}")
     table, setting, n_text = parts
+    if n_text.isdigit() and len(n_text) > len(str(MAX_NODES)):  # int() of 5,000 digits would fail with a ValueError
+        raise ClusterError(f"a cluster needs 2 to {MAX_NODES} nodes, got {show(n_text)}")
     try:
         n = int(n_text)
     except ValueError:
-        raise ClusterError(f"preset node count must be an integer, got {n_text!r}") from None
+        raise ClusterError(f"preset node count must be an integer, got {show(n_text)}") from None
     return preset_cluster(table, setting, n)
 
 
@@ -180,8 +184,9 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     return read_json_or_toml(path, default_format="json", error=ClusterError)
 
 
-NON_NEGATIVE = {"min": 0}
-ABOVE_ZERO = {"gt": 0}
+PER_NODE = {"max_len": MAX_NODES}  # lists and matrices have one entry per node
+NON_NEGATIVE = {"min": 0, **PER_NODE}
+ABOVE_ZERO = {"gt": 0, **PER_NODE}
 
 
 @dataclass(frozen=True)
@@ -191,16 +196,16 @@ class ClusterFile:
 
     name: str | None = None
     description: str | None = None
-    n: int | None = field(default=None, metadata={"min": 2})  # optional: must match the matrices
+    n: int | None = field(default=None, metadata={"min": 2, "max": MAX_NODES})  # optional: must match the matrices
     table: str = "gcp-2025"  # network table for locations without matrices
-    locations: list[str] | None = None
+    locations: list[str] | None = field(default=None, metadata=PER_NODE)
     latency_ms: list[list[float]] | None = field(default=None, metadata=NON_NEGATIVE)
     bandwidth_GBps: list[list[float]] | None = field(default=None, metadata=NON_NEGATIVE)
     transfer_s: list[list[float]] | None = field(default=None, metadata=NON_NEGATIVE)
     compute_speed: float | list[float] | None = field(default=None, metadata=ABOVE_ZERO)  # one for all, or per node
     forward_s: float | list[float] | None = field(default=None, metadata=ABOVE_ZERO)
-    memory: int | list[int] | None = field(default=None, metadata={"min": 1})
-    stages: list[list[int]] | None = field(default=None, metadata={"min": 0, "min_len": 1})
+    memory: int | list[int] | None = field(default=None, metadata={"min": 1, **PER_NODE})
+    stages: list[list[int]] | None = field(default=None, metadata={"min": 0, "max": MAX_NODES - 1, "min_len": 1, **PER_NODE})
     t_layer_s: float | None = field(default=None, metadata=ABOVE_ZERO)
 
 
@@ -248,12 +253,12 @@ def cluster_from_dict(data: dict[str, Any], where: str = "cluster") -> Cluster:
         assert f.locations is not None
         if f.table not in network_tables():
             known = ", ".join(network_tables())
-            raise ClusterError(f"unknown network table {f.table!r} (known: {known})", where=where, key="table")
+            raise ClusterError(f"unknown network table {show(f.table)} (known: {known})", where=where, key="table")
         places = list(_table(f.table)["locations"])
         for i, loc in enumerate(f.locations):
             if loc not in places:
                 raise ClusterError(
-                    f"locations[{i}]: unknown location {loc!r} in table {f.table!r} (known: {', '.join(places)})",
+                    f"locations[{i}]: unknown location {show(loc)} in table {f.table!r} (known: {', '.join(places)})",
                     where=where, key="locations",
                 )
         latency, bandwidth = location_matrices(f.table, f.locations)
@@ -278,8 +283,10 @@ def cluster_from_dict(data: dict[str, Any], where: str = "cluster") -> Cluster:
 
 def load_cluster(spec: str) -> Cluster:
     """A preset ``TABLE/SETTING/N``, a shipped example name, or a path to a JSON/TOML file."""
+    if len(spec) > MAX_CHARS:
+        raise ClusterError(f"a cluster name or path of {len(spec)} characters, more than the limit of {MAX_CHARS}")
     p = Path(spec)
-    if p.suffix.lower() in (".json", ".toml") or p.exists():
+    if p.suffix.lower() in (".json", ".toml") or _exists(p):
         return cluster_from_dict(read_config_file(p), where=str(p))
     examples = example_cluster_names()
     if spec in examples:
@@ -288,9 +295,16 @@ def load_cluster(spec: str) -> Cluster:
     if spec.count("/") == 2:
         return parse_preset(spec)
     raise ClusterError(
-        f"unknown cluster {spec!r}: give TABLE/SETTING/N (tables {', '.join(TABLE_NAMES)}; "
+        f"unknown cluster {show(spec)}: give TABLE/SETTING/N (tables {', '.join(TABLE_NAMES)}; "
         f"settings {', '.join(SETTING_NAMES)}), a shipped example ({', '.join(examples)}), or a .json/.toml file"
     )
+
+
+def _exists(p: Path) -> bool:
+    try:
+        return p.exists()
+    except OSError:  # e.g. a name too long for the file system: not a file, maybe a preset
+        return False
 
 
 def example_cluster_names() -> list[str]:
@@ -302,6 +316,10 @@ def example_cluster_names() -> list[str]:
 
 
 def _check_cluster(c: Cluster) -> None:
+    if not 2 <= c.n <= MAX_NODES:
+        raise ClusterError(f"a cluster needs 2 to {MAX_NODES} nodes, got {c.n}", where=c.name, key="n")
+    if c.t_layer_s is not None and not 0 < c.t_layer_s < math.inf:
+        raise ClusterError(f"t_layer_s must be > 0 and finite, got {c.t_layer_s}", where=c.name, key="t_layer_s")
     if c.stages is not None:
         seen: set[int] = set()
         for s in c.stages:

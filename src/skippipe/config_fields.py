@@ -10,18 +10,20 @@ dataclass ``cls``, driven by its fields' type hints:
   keys of the enclosing table (``[plan] num_stages`` fills ``PlanSection.shape``).
 
 It is strict: a bool is never a number and a number never a bool, ``1.5`` is not an int,
-strings are never numbers, floats are finite, integers and lists are bounded, unknown keys are
-refused. Field-level bounds are declared once in ``dataclasses.field(metadata=...)``:
+strings are never numbers, floats are finite, numbers, strings and lists are bounded (the limits
+are in ``skippipe.limits``), unknown keys are refused. Field-level bounds are declared once in
+``dataclasses.field(metadata=...)``:
 
 - ``"min"`` / ``"max"`` (inclusive), ``"gt"`` / ``"lt"`` (exclusive), applied to every number of
   the field (every entry of a matrix);
-- ``"min_len"``: the fewest entries of every list of the field;
-- ``"finite": False``: the field takes NaN and infinities.
+- ``"min_len"`` / ``"max_len"``: the fewest / most entries of every list of the field;
+- ``"finite": False``: the field takes NaN, infinities and floats beyond ``FLOAT_LIMIT``.
 
 ``check_fields(obj)``, called from each config's ``__post_init__``, applies the same checks to
 values built in code; ``__post_init__`` then keeps only the rules between fields, raising
-``invalid(obj, key, problem)``. Every failure is a ``ConfigError`` (or the ``error`` class given,
-e.g. ``ClusterError``) whose message is one line naming the place and the key.
+``invalid(obj, key, problem)``. Every failure is a ``ConfigError`` (the class's ``config_error``,
+e.g. ``WorkloadError``, or the ``error`` class given, e.g. ``ClusterError``) whose message is one
+line naming the place and the key.
 """
 
 from __future__ import annotations
@@ -33,18 +35,15 @@ import tomllib
 import types
 import typing
 from collections.abc import Iterable, Mapping
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from typing import Any, Literal, TypeVar, Union
 
 from skippipe.errors import ConfigError
+from skippipe.limits import FLOAT_INT_BITS, FLOAT_LIMIT, INT_LIMIT, MAX_CHARS, MAX_ITEMS
 
 T = TypeVar("T")
 
-INT_LIMIT = 2**31  # no config integer is larger in size than this
-FLOAT_INT_BITS = 1000  # an integer given for a float must convert to a finite float
-MAX_ITEMS = 100_000  # entries of one list
-MAX_CHARS = 10_000  # characters of one string
 SHOWN_CHARS = 40  # of a string quoted in a message
 
 Metadata = Mapping[str, Any]
@@ -87,11 +86,13 @@ def read_dataclass(
     where: str,
     *,
     base: T | None = None,
-    error: type[ConfigError] = ConfigError,
+    error: type[ConfigError] | None = None,
     other_keys: Iterable[str] = (),
 ) -> T:
     """``cls`` from the table ``data``: keys given replace those of ``base`` (default: the
-    class defaults). ``other_keys`` are keys the caller has read itself (they count as known)."""
+    class defaults). ``other_keys`` are keys the caller has read itself (they count as known).
+    Errors are ``error``, else the class's ``config_error``, else ``ConfigError``."""
+    error = error or error_class(cls)
     if not isinstance(data, dict):
         raise error(f"must be a table, got {show(data)}", where=where)
     known = [*known_keys(cls), *other_keys]
@@ -146,8 +147,9 @@ def read_value(hint: Any, value: Any, key: str, meta: Metadata, where: str, erro
     if origin in (list, tuple):
         if not isinstance(value, (list, tuple)):
             raise fail(f"{key} must be {describe(hint)}, got {show(value)}")
-        if len(value) > MAX_ITEMS:
-            raise fail(f"{key} has {len(value)} entries, more than {MAX_ITEMS}")
+        most = min(meta.get("max_len", MAX_ITEMS), MAX_ITEMS)
+        if len(value) > most:
+            raise fail(f"{key} has {len(value)} entries, more than the limit of {most}")
         if len(value) < meta.get("min_len", 0):
             entries = "entry" if meta["min_len"] == 1 else "entries"
             raise fail(f"{key} needs at least {meta['min_len']} {entries}, got {len(value)}")
@@ -181,13 +183,15 @@ def read_value(hint: Any, value: Any, key: str, meta: Metadata, where: str, erro
             value = float(value)
         if meta.get("finite", True) and not math.isfinite(value):
             raise fail(f"{key} must be a finite number, got {show(value)}")
+        if meta.get("finite", True) and abs(value) > FLOAT_LIMIT:
+            raise fail(f"{key} is too large: {show(value)} (the limit is {FLOAT_LIMIT:g})")
         _check_bounds(value, key, meta, fail, integer=False)
         return value
     if hint is str:
         if not isinstance(value, str):
             raise fail(f"{key} must be a string, got {show(value)}")
         if len(value) > MAX_CHARS:
-            raise fail(f"{key} is too long: {len(value)} characters, more than {MAX_CHARS}")
+            raise fail(f"{key} is too long: {len(value)} characters, more than the limit of {MAX_CHARS}")
         return value
     raise TypeError(f"config fields cannot be of type {hint!r}")  # a programming error, not the user's
 
@@ -197,13 +201,18 @@ def check_fields(obj: Any) -> None:
     cls = type(obj)
     label = getattr(cls, "config_label", cls.__name__)
     for f, hint in _fields(cls):
-        read_value(hint, getattr(obj, f.name), f.name, f.metadata, label, ConfigError)
+        read_value(hint, getattr(obj, f.name), f.name, f.metadata, label, error_class(cls))
 
 
 def invalid(obj: Any, key: str | None, problem: str) -> ConfigError:
     """The error for a rule between fields of ``obj``; ``read_dataclass`` puts it in its file."""
     cls = type(obj)
-    return ConfigError(problem, where=getattr(cls, "config_label", cls.__name__), key=key)
+    return error_class(cls)(problem, where=getattr(cls, "config_label", cls.__name__), key=key)
+
+
+def error_class(cls: type) -> type[ConfigError]:
+    """The error type of a config class: its ``config_error`` class variable, else ``ConfigError``."""
+    return getattr(cls, "config_error", ConfigError)
 
 
 def to_table(obj: Any) -> Any:
@@ -236,7 +245,7 @@ def known_keys(cls: type) -> list[str]:
 # ------------------------------------------------------------------------------ helpers
 
 
-@lru_cache(maxsize=None)
+@cache
 def _fields(cls: type) -> tuple[tuple[dataclasses.Field, Any], ...]:
     hints = typing.get_type_hints(cls)
     return tuple((f, hints[f.name]) for f in dataclasses.fields(cls) if f.init)

@@ -34,3 +34,7 @@ class ClusterError(ConfigError):
 
 class OutputError(UserError):
     """An output path that cannot be written (checked before any work is done)."""
+
+
+class WorkloadError(ConfigError):
+    """A workload (file, flags or ``[plan]`` pipeline shape) that cannot be used."""

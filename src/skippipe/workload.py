@@ -10,9 +10,9 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ClassVar
 
 from skippipe.config_fields import check_fields, invalid, read_dataclass
-from skippipe.errors import UserError
+from skippipe.errors import WorkloadError
+from skippipe.limits import MAX_CTX, MAX_LAYERS, MAX_MICROBATCHES, MAX_NODES, MAX_SAMPLES, MAX_STAGES, MAX_WIDTH, at_most
 
-POSITIVE = {"min": 1}
 NON_NEGATIVE = {"min": 0}
 
 
@@ -24,14 +24,16 @@ class PipelineShape:
     """
 
     config_label: ClassVar[str] = "workload"
+    config_error: ClassVar[type[WorkloadError]] = WorkloadError
 
-    num_stages: int = field(default=6, metadata={"min": 2})
+    num_stages: int = field(default=6, metadata=at_most(MAX_STAGES, min=2))
     path_length: int = 4  # stages each microbatch visits, stage 0 included
-    microbatches_per_data_node: int = field(default=6, metadata=POSITIVE)
-    memory: int = field(default=3, metadata=POSITIVE)  # activation slots per node, unless the cluster says otherwise
+    microbatches_per_data_node: int = field(default=6, metadata=at_most(MAX_MICROBATCHES, min=1))
+    memory: int = field(default=3, metadata={"min": 1})  # activation slots per node, unless the cluster says otherwise
     max_swaps: int = field(default=1, metadata=NON_NEGATIVE)
-    max_jump: int = field(default=4, metadata=NON_NEGATIVE)  # a visit goes at most this many stages past the highest reached (CC3)
-    stage_sizes: tuple[int, ...] | None = field(default=None, metadata=POSITIVE)  # nodes per stage; derived when None
+    max_jump: int = field(default=4, metadata=NON_NEGATIVE)  # a visit goes at most this many stages past the highest reached
+    # nodes per stage; derived from the cluster's size when None
+    stage_sizes: tuple[int, ...] | None = field(default=None, metadata=at_most(MAX_NODES, min=1, max_len=MAX_STAGES))
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -57,10 +59,10 @@ class PipelineShape:
 class Workload(PipelineShape):
     """A pipeline shape and the model it carries (activation size, layers per stage)."""
 
-    samples_per_microbatch: int = field(default=8, metadata=POSITIVE)
-    d_model: int = field(default=1024, metadata=POSITIVE)
-    ctx: int = field(default=1024, metadata=POSITIVE)
-    n_layers: int = field(default=24, metadata=POSITIVE)
+    samples_per_microbatch: int = field(default=8, metadata=at_most(MAX_SAMPLES, min=1))
+    d_model: int = field(default=1024, metadata=at_most(MAX_WIDTH, min=1))
+    ctx: int = field(default=1024, metadata=at_most(MAX_CTX, min=1))
+    n_layers: int = field(default=24, metadata=at_most(MAX_LAYERS, min=1))
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -92,13 +94,13 @@ class Workload(PipelineShape):
         """
         if self.stage_sizes is not None:
             if sum(self.stage_sizes) != n_nodes:
-                raise UserError(
-                    f"workload: stage_sizes add up to {sum(self.stage_sizes)} nodes but the cluster has {n_nodes}"
+                raise invalid(
+                    self, "stage_sizes", f"stage_sizes add up to {sum(self.stage_sizes)} nodes but the cluster has {n_nodes}"
                 )
             return list(self.stage_sizes)
         s = self.num_stages
         if n_nodes < s:
-            raise UserError(f"a cluster of {n_nodes} nodes cannot hold {s} stages")
+            raise WorkloadError(f"a cluster of {n_nodes} nodes cannot hold {s} stages")
         data = max(1, round(n_nodes / self.path_length))
         data = min(data, n_nodes - (s - 1))
         rest = n_nodes - data
@@ -117,5 +119,5 @@ TRAINING_SHAPE = PipelineShape(num_stages=4, path_length=3, microbatches_per_dat
 
 
 def workload_from_dict(data: dict[str, Any], where: str = "workload") -> Workload:
-    """A workload from a table of a JSON/TOML file; errors name ``where`` and the key."""
+    """A workload from a table of a JSON/TOML file; ``WorkloadError``s name ``where`` and the key."""
     return read_dataclass(Workload, data, where)

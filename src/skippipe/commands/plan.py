@@ -19,6 +19,7 @@ from typing import Any
 
 from skippipe.errors import UserError
 from skippipe.fileio import check_writable
+from skippipe.limits import FLOAT_LIMIT, INT_LIMIT
 
 # flag (dest) -> Workload field
 WORKLOAD_FLAGS = {
@@ -65,7 +66,8 @@ def add_problem_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_planning_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--seed", type=int, default=0, help="random seed (>= 0); plans are deterministic per seed (default %(default)s)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="random seed (>= 0); plans are deterministic per seed (default %(default)s)")
     parser.add_argument("--time-limit", type=float, metavar="SEC",
                         help="cut the search short after this many seconds (per method)")
 
@@ -84,24 +86,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def workload_from_args(args: argparse.Namespace) -> Any:
-    """The workload file (if any) with the command-line flags on top."""
+    """The workload file (if any) with the command-line flags on top; errors are ``WorkloadError``s."""
     from skippipe.config_fields import read_config_file
-    from skippipe.errors import ConfigError
+    from skippipe.errors import WorkloadError
     from skippipe.workload import workload_from_dict
 
     data: dict[str, Any] = {}
     where = "workload"
     if getattr(args, "workload", None):
         where = str(args.workload)
-        data = read_config_file(args.workload)
+        data = read_config_file(args.workload, error=WorkloadError, what="workload file")
         if "workload" in data:  # a [workload] table, or the keys at the top level
             extra = sorted(str(key) for key in data if key != "workload")
             if extra:
-                raise ConfigError(f"unknown top-level key(s) {', '.join(extra)} beside [workload]", where=where, key=extra[0])
+                raise WorkloadError(f"unknown top-level key(s) {', '.join(extra)} beside [workload]", where=where, key=extra[0])
             where = f"{where} [workload]"
             data = data["workload"]
             if not isinstance(data, dict):
-                raise ConfigError("[workload] must be a table", where=str(args.workload), key="workload")
+                raise WorkloadError("[workload] must be a table", where=str(args.workload), key="workload")
         data = dict(data)
     for flag, field in WORKLOAD_FLAGS.items():
         value = getattr(args, flag, None)
@@ -111,7 +113,7 @@ def workload_from_args(args: argparse.Namespace) -> Any:
         data["stage_sizes"] = _parse_sizes(args.stage_sizes)
     memory = data.get("memory")
     if isinstance(memory, int) and not isinstance(memory, bool) and memory < 1:
-        raise UserError(f"memory M={memory} is too small to make any plan: every node needs at least 1 activation slot")
+        raise WorkloadError(f"memory M={memory} is too small to make any plan: every node needs at least 1 activation slot")
     return workload_from_dict(data, where=where)
 
 
@@ -129,12 +131,13 @@ def problem_from_args(args: argparse.Namespace) -> Any:
     from skippipe.cluster import load_cluster
     from skippipe.planner.problem import build_problem
 
-    cluster = load_cluster(args.cluster)
+    if args.time_limit is not None and not 0 < args.time_limit <= FLOAT_LIMIT:
+        raise UserError(f"--time-limit must be > 0 seconds and finite, got {args.time_limit}")
+    seed = getattr(args, "seed", 0)
+    if not 0 <= seed <= INT_LIMIT:
+        raise UserError(f"--seed must be >= 0, got {seed}" if seed < 0 else f"--seed must be at most 2**31, got {seed}")
     workload = workload_from_args(args)
-    if args.time_limit is not None and not args.time_limit > 0:
-        raise UserError(f"--time-limit must be > 0 seconds, got {args.time_limit}")
-    if getattr(args, "seed", 0) < 0:
-        raise UserError(f"--seed must be >= 0, got {args.seed}")
+    cluster = load_cluster(args.cluster)
     return build_problem(cluster, workload)
 
 

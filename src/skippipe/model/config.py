@@ -11,8 +11,8 @@ from typing import Any, ClassVar
 
 from skippipe.config_fields import check_fields, invalid, read_dataclass, show
 from skippipe.errors import ConfigError
+from skippipe.limits import MAX_CTX, MAX_LAYERS, MAX_PARAMS, MAX_VOCAB, MAX_WIDTH, at_most
 
-POSITIVE = {"min": 1}
 ABOVE_ZERO = {"gt": 0}
 
 
@@ -20,13 +20,14 @@ ABOVE_ZERO = {"gt": 0}
 class ModelConfig:
     config_label: ClassVar[str] = "model"
 
-    vocab_size: int = field(default=4096, metadata=POSITIVE)
-    d_model: int = field(default=128, metadata=POSITIVE)
-    n_layers: int = field(default=12, metadata=POSITIVE)
-    n_heads: int = field(default=4, metadata=POSITIVE)
-    n_kv_heads: int = field(default=2, metadata=POSITIVE)  # grouped-query attention: n_heads must be a multiple of it
-    ffn_dim: int = field(default=352, metadata=POSITIVE)  # SwiGLU hidden width
-    ctx: int = field(default=128, metadata=POSITIVE)  # maximum sequence length
+    vocab_size: int = field(default=4096, metadata=at_most(MAX_VOCAB, min=1))
+    d_model: int = field(default=128, metadata=at_most(MAX_WIDTH, min=1))
+    n_layers: int = field(default=12, metadata=at_most(MAX_LAYERS, min=1))
+    n_heads: int = field(default=4, metadata=at_most(MAX_WIDTH, min=1))
+    # grouped-query attention: n_heads must be a multiple of it
+    n_kv_heads: int = field(default=2, metadata=at_most(MAX_WIDTH, min=1))
+    ffn_dim: int = field(default=352, metadata=at_most(MAX_WIDTH, min=1))  # SwiGLU hidden width
+    ctx: int = field(default=128, metadata=at_most(MAX_CTX, min=1))  # maximum sequence length
     rope_theta: float = field(default=10000.0, metadata=ABOVE_ZERO)
     norm_eps: float = field(default=1e-5, metadata=ABOVE_ZERO)
     init_std: float = field(default=0.02, metadata=ABOVE_ZERO)
@@ -40,6 +41,8 @@ class ModelConfig:
             raise invalid(self, "n_heads", f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}")
         if (self.d_model // self.n_heads) % 2:
             raise invalid(self, "n_heads", f"head size {self.d_model // self.n_heads} must be even for rotary embeddings")
+        if self.num_params() > MAX_PARAMS:
+            raise invalid(self, None, f"{self.num_params():.3g} parameters, more than the limit of {MAX_PARAMS:.0e}")
 
     @property
     def head_dim(self) -> int:

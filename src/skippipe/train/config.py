@@ -23,6 +23,7 @@ from typing import Any, ClassVar, Literal, get_args
 
 from skippipe.config_fields import check_fields, invalid, read_config_file, read_dataclass, show
 from skippipe.errors import ConfigError
+from skippipe.limits import MAX_CTX, MAX_SAMPLES, MAX_VOCAB, at_most
 from skippipe.model.config import ModelConfig, model_config_from_dict
 
 Corpus = Literal["shakespeare", "bible"]
@@ -44,11 +45,11 @@ class TrainConfig:
     # data
     corpus: tuple[Corpus, ...] = field(default=CORPORA, metadata={"min_len": 1})
     tokenizer: Literal["bpe", "bytes"] = "bpe"  # "bpe" (trained on the corpus, cached) or "bytes"
-    vocab_size: int = field(default=4096, metadata=POSITIVE)  # BPE vocabulary size
+    vocab_size: int = field(default=4096, metadata=at_most(MAX_VOCAB, min=1))  # BPE vocabulary size
     val_fraction: float = field(default=0.05, metadata={"gt": 0, "lt": 0.5})  # the tail of every document goes to validation
     sharding: Literal["stream", "node"] = "stream"  # "stream": one global sample stream; "node": each data node its shard
-    samples_per_microbatch: int = field(default=4, metadata=POSITIVE)
-    seq_len: int = field(default=0, metadata=NON_NEGATIVE)  # tokens per sample; 0 = the model's context
+    samples_per_microbatch: int = field(default=4, metadata=at_most(MAX_SAMPLES, min=1))
+    seq_len: int = field(default=0, metadata=at_most(MAX_CTX, min=0))  # tokens per sample; 0 = the model's context
     # optimisation
     steps: int = field(default=200, metadata=POSITIVE)
     lr: float = field(default=6e-4, metadata={"gt": 0})
@@ -64,7 +65,7 @@ class TrainConfig:
     # evaluation
     eval_every: int = field(default=0, metadata=NON_NEGATIVE)  # iterations between validation runs (0: only at the end)
     eval_batches: int = field(default=8, metadata=POSITIVE)
-    eval_batch_size: int = field(default=8, metadata=POSITIVE)
+    eval_batch_size: int = field(default=8, metadata=at_most(MAX_SAMPLES, min=1))
     cache_dir: str | None = None  # tokenizer/token cache (default: $SKIPPIPE_CACHE or ~/.cache/skippipe)
 
     def __post_init__(self) -> None:
