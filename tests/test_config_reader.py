@@ -72,7 +72,8 @@ def bad_values(hint: typing.Any) -> st.SearchStrategy[typing.Any]:
     if hint is bool:
         return st.one_of(st.integers(), st.floats(), st.text(max_size=4), st.none(), st.just([True]), st.just({}))
     if hint is int:
-        return st.one_of(SCALARS_NOT_NUMBERS, _non_integral_floats(), st.floats(allow_nan=False).filter(float.is_integer), HUGE_INTS)
+        integral_floats = st.floats(allow_nan=False).filter(float.is_integer)
+        return st.one_of(SCALARS_NOT_NUMBERS, _non_integral_floats(), integral_floats, HUGE_INTS)
     if hint is float:
         return st.one_of(SCALARS_NOT_NUMBERS, st.sampled_from([math.nan, math.inf, -math.inf, 1e308 * 10]), st.just(10**400))
     if hint is str:
@@ -198,7 +199,8 @@ def test_integers_are_strict(value):
 def test_floats_are_strict(value):
     with pytest.raises(ConfigError, match="lr"):
         read_dataclass(TrainConfig, {"lr": value}, "t")
-    assert read_dataclass(TrainConfig, {"lr": 1}, "t").lr == 1.0 and isinstance(read_dataclass(TrainConfig, {"lr": 1}, "t").lr, float)
+    lr = read_dataclass(TrainConfig, {"lr": 1}, "t").lr
+    assert lr == 1.0 and isinstance(lr, float)
 
 
 def test_values_built_in_code_are_checked_the_same_way():
@@ -288,7 +290,8 @@ def test_stage_sizes_refuse_bools_everywhere():
         workload_from_dict({"num_stages": 2, "path_length": 2, "n_layers": 2, "stage_sizes": [True, 1]})
     with pytest.raises(ConfigError, match=r"\[plan\]: stage_sizes\[0\] must be an integer, got true"):
         run_config_from_dict({"plan": {"num_stages": 2, "path_length": 2, "stage_sizes": [True, 1]}})
-    assert run_config_from_dict({"plan": {"num_stages": 2, "path_length": 2, "stage_sizes": [1, 1]}}).plan.shape.stage_sizes == (1, 1)
+    plan = run_config_from_dict({"plan": {"num_stages": 2, "path_length": 2, "stage_sizes": [1, 1]}}).plan
+    assert plan.shape.stage_sizes == (1, 1)
 
 
 def test_t_layer_zero_and_negative_seeds_are_refused():
@@ -334,7 +337,7 @@ def test_plan_with_a_bad_cluster_value_exits_2_with_one_line(tmp_path, capsys):
     assert not out.exists()
 
 
-def test_plan_with_a_bad_workload_value_is_a_config_error(tmp_path, capsys):
+def test_plan_with_a_bad_workload_value_is_a_workload_error(tmp_path, capsys):
     wl = tmp_path / "small.toml"
     wl.write_text("[workload]\npath_length = 1.5\n")
     out = tmp_path / "plan.json"
@@ -343,12 +346,12 @@ def test_plan_with_a_bad_workload_value_is_a_config_error(tmp_path, capsys):
     from skippipe.commands.plan import workload_from_args
 
     for path in (wl, tmp_path / "missing.toml"):
-        with pytest.raises(ConfigError) as excinfo:
+        with pytest.raises(WorkloadError) as excinfo:
             workload_from_args(argparse.Namespace(workload=str(path)))
         assert not isinstance(excinfo.value, ClusterError)
     both = tmp_path / "w.json"
     both.write_text(json.dumps({"workload": {"num_stages": 6}, "extra": 1}))
-    with pytest.raises(ConfigError, match="unknown top-level key"):
+    with pytest.raises(WorkloadError, match="unknown top-level key"):
         workload_from_args(argparse.Namespace(workload=str(both)))
 
 
