@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from skippipe import limits
 from skippipe.cli import main
-from skippipe.cluster import Cluster, ClusterFile, cluster_from_dict, load_cluster, preset_cluster
+from skippipe.cluster import Cluster, ClusterFile, cluster_from_dict, preset_cluster
 from skippipe.config_fields import read_config_file, read_dataclass
 from skippipe.errors import ClusterError, ConfigError, UserError, WorkloadError
 from skippipe.model.config import ModelConfig, model_config_from_dict
