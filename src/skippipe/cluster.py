@@ -168,7 +168,8 @@ def parse_preset(spec: str) -> Cluster:
         raise ClusterError(f"preset must look like TABLE/SETTING/N (e.g. gcp-2025/geo-distributed/20), got {show(spec)}")
     table, setting, n_text = parts
     if n_text.isdigit() and len(n_text) > len(str(MAX_NODES)):  # int() of 5,000 digits would fail with a ValueError
-        raise ClusterError(f"a cluster needs 2 to {MAX_NODES} nodes, got {show(n_text)}")
+        shown = n_text if len(n_text) <= 20 else f"a number of {len(n_text)} digits"
+        raise ClusterError(f"a cluster needs 2 to {MAX_NODES} nodes, got {shown}")
     try:
         n = int(n_text)
     except ValueError:
