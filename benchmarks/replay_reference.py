@@ -3,7 +3,7 @@
 For each instance (``shipped``: forward 0.44 s; ``current``: forward 1.76 s) and method, our
 simulated seconds per iteration, the reference simulator's figure, their ratio, the plan's lower
 bound and the memory floor of the reference allocation; then a *fair* full pipeline (correct
-bottleneck matching, 30 microbatches, from ``skippipe.plan.baselines.full_plan``) beside the
+bottleneck matching, 30 microbatches, from ``skippipe.planner.baselines.full_plan``) beside the
 reference's own; the rules the replayed plans break under our TC1 caps; and the simulator's
 speed. Everything is measured in this run.
 
@@ -21,10 +21,17 @@ from pathlib import Path
 import numpy as np
 
 from skippipe.bounds import lower_bound, memory_floor
-from skippipe.plan.model import Constraints, Costs, Microbatch, Plan, save_plan
+from skippipe.planfile import Constraints, Costs, Microbatch, Plan, save_plan
 from skippipe.reference import (
-    INSTANCES, INVALID_FIGURES, METHOD_TITLES, METHODS, reference_figure, reference_plan, reference_problem,
-    reference_stages, rule_breaks,
+    INSTANCES,
+    INVALID_FIGURES,
+    METHOD_TITLES,
+    METHODS,
+    reference_figure,
+    reference_plan,
+    reference_problem,
+    reference_stages,
+    rule_breaks,
 )
 from skippipe.sim import simulate
 
@@ -39,7 +46,7 @@ def floor_of(instance: str) -> float:
 
 def fair_full(instance: str, seed: int = 0) -> Plan | None:
     try:
-        from skippipe.plan.baselines import full_plan
+        from skippipe.planner.baselines import full_plan
     except ImportError:
         return None
     problem = reference_problem(instance)
@@ -190,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     for line in notes:
         print(line)
     if fair_full("shipped") is None:
-        print("(fair full pipeline: skippipe.plan.baselines.full_plan is not available yet)")
+        print("(fair full pipeline: skippipe.planner.baselines.full_plan is not available yet)")
     print()
     print_rule_breaks()
     if not args.no_speed:

@@ -9,14 +9,13 @@ import pytest
 
 from skippipe.cluster import cluster_from_dict, load_cluster, preset_cluster
 from skippipe.errors import ClusterError, PlanError, UserError
-from skippipe.plan.model import Microbatch, Plan, load_plan, save_plan
-from skippipe.plan.problem import build_problem
-from skippipe.plan.validate import path_rule_violation, plan_violations
+from skippipe.planfile import Microbatch, Plan, load_plan, path_rule_violation, plan_violations, save_plan
+from skippipe.planner.problem import build_problem
 from skippipe.workload import Workload
 
 
 def test_planning_imports_without_torch():
-    code = "import sys, skippipe.cluster, skippipe.plan.problem, skippipe.plan.validate; print('torch' in sys.modules)"
+    code = "import sys, skippipe.cluster, skippipe.planner.problem, skippipe.planfile; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from skippipe.cli import main
-from skippipe.plan.model import load_plan
+from skippipe.planfile import load_plan
 from skippipe.sim import simulate
 
 

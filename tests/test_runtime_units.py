@@ -13,12 +13,12 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from runtime_fixtures import seven_node_plan
 
+from runtime_fixtures import seven_node_plan
 from skippipe.cluster import load_cluster
 from skippipe.errors import UserError
-from skippipe.plan.methods import make_plan
-from skippipe.plan.problem import build_problem
+from skippipe.planner.methods import make_plan
+from skippipe.planner.problem import build_problem
 from skippipe.runtime import checkpoint as ckpt
 from skippipe.runtime.accumulate import OrderedGradAccumulator
 from skippipe.runtime.config import load_run_config, run_config_from_dict
@@ -42,8 +42,7 @@ def replay(plan, policy: str = "fifo") -> dict[int, list[str]]:
     """Drive one NodeSchedule per node through the plan's costs with the simulator's event rules
     (arrivals before node wake-ups at equal times; a node idles its gap after each operation)."""
     c = plan.costs
-    T, fwd = np.asarray(c.transfer_s), np.asarray(c.forward_s)
-    dur = {"F": lambda n: fwd[n], "L": lambda n: fwd[n] * c.loss_factor, "B": lambda n: fwd[n] * c.backward_factor}
+    T = np.asarray(c.transfer_s)
     scheds = {n: NodeSchedule(plan, n, policy) for n in range(plan.n_nodes)}
     own = {mb.id: mb for mb in plan.microbatches}
     events: list[tuple] = []
@@ -77,7 +76,7 @@ def replay(plan, policy: str = "fifo") -> dict[int, list[str]]:
         kind, mb = op
         scheds[node].started(kind, mb)
         order[node].append(f"{kind}{mb}")
-        end = t + dur[kind](node)
+        end = t + c.op_s(node, kind)
         injection = kind == "F" and own[mb].data_node == node
         free_at[node] = end + (c.inject_gap_s if injection else c.op_gap_s)
         heapq.heappush(events, (end, 2, next(seq), (node, kind, mb)))
@@ -154,7 +153,7 @@ def test_emulation_delays_and_padding_follow_the_plan():
     em = Emulation.from_plan(plan, enabled=True, time_scale=0.1)
     assert em.link_delay_s(0, 2) == pytest.approx(plan.costs.transfer_s[0, 2] * 0.1)
     assert em.link_delay_s(3, 3) == 0.0
-    assert em.op_s(2, "B") == pytest.approx(plan.costs.forward_s[2] * plan.costs.backward_factor)
+    assert em.costs.op_s(2, "B") == pytest.approx(plan.costs.forward_s[2] * plan.costs.backward_factor)
     assert Emulation.from_plan(plan, enabled=False, time_scale=0.1).link_delay_s(0, 2) == 0.0
 
 

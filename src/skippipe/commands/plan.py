@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from skippipe.errors import UserError
+from skippipe.fileio import check_writable
 
 # flag (dest) -> Workload field
 WORKLOAD_FLAGS = {
@@ -63,7 +64,7 @@ def add_planning_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_problem_arguments(parser)
-    from skippipe.plan.methods import method_names
+    from skippipe.planner.methods import method_names
 
     parser.add_argument("--method", default="skippipe", choices=method_names(), help="planning method (default skippipe)")
     add_planning_arguments(parser)
@@ -109,7 +110,7 @@ def _parse_sizes(text: str) -> list[int]:
 
 def problem_from_args(args: argparse.Namespace) -> Any:
     from skippipe.cluster import load_cluster
-    from skippipe.plan.problem import build_problem
+    from skippipe.planner.problem import build_problem
 
     cluster = load_cluster(args.cluster)
     workload = workload_from_args(args)
@@ -157,7 +158,7 @@ def format_summary(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def progress(desc: str, total: int):  # noqa: ANN201 - a tqdm bar
+def progress(desc: str, total: int) -> Any:
     """A progress bar on stderr, shown only when stderr is a terminal."""
     from tqdm import tqdm
 
@@ -170,14 +171,13 @@ def progress(desc: str, total: int):  # noqa: ANN201 - a tqdm bar
 def run(args: argparse.Namespace) -> int:
     import json
 
-    from skippipe.plan.methods import make_plan
-    from skippipe.plan.model import save_plan
+    from skippipe.planfile import save_plan
+    from skippipe.planner.methods import make_plan
 
     out = Path(args.out)
     if out.suffix.lower() != ".json":
         raise UserError(f"--out {out}: plan files are JSON; give a name ending in .json")
-    if out.exists() and out.is_dir():
-        raise UserError(f"--out {out} is a folder")
+    check_writable(out, "plan file")
     start = time.perf_counter()
     with progress(f"planning ({args.method})", 2) as bar:
         problem = problem_from_args(args)

@@ -26,6 +26,7 @@ folder ``[run] dir`` is relative to the current directory. Torch-free.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields, replace
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -216,6 +217,15 @@ def _resolve_paths(cfg: RunConfig, base: Path) -> RunConfig:
     if Path(cluster).suffix.lower() in (".json", ".toml"):
         cluster = fix(cluster) or cluster
     return replace(cfg, plan=replace(plan, file=fix(plan.file), cluster=cluster))
+
+
+DEFAULT_RUN_CONFIG = "train-tiny.toml"  # in skippipe/resources/examples, also examples/train-tiny.toml
+
+
+def load_default_run_config() -> RunConfig:
+    """The embedded default run: a tiny LLaMA trained by 12 workers over an emulated WAN."""
+    with resources.as_file(resources.files("skippipe.resources") / "examples" / DEFAULT_RUN_CONFIG) as path:
+        return load_run_config(path)
 
 
 def load_run_config(path: str | Path) -> RunConfig:

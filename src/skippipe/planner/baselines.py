@@ -25,10 +25,10 @@ from __future__ import annotations
 import numpy as np
 
 from skippipe.errors import UserError
-from skippipe.plan.allocate import allocate, bottleneck_matching
-from skippipe.plan.model import Microbatch, Plan
-from skippipe.plan.problem import Problem
-from skippipe.plan.validate import path_rule_violation
+from skippipe.planfile import Microbatch, Plan, path_rule_violation
+from skippipe.planner.allocation import allocate, bottleneck_matching
+from skippipe.planner.problem import Problem
+from skippipe.planner.routing.assign import sequence_quotas
 
 
 def _links(problem: Problem) -> np.ndarray:
@@ -114,8 +114,6 @@ def naive_plan(problem: Problem, stages: list[list[int]] | None = None, seed: in
     When the greedy runs out of stage sets with capacity, the number of microbatches per stage
     set is fixed first (``sequence_quotas``) and the greedy runs again within those counts.
     """
-    from skippipe.plan.route_assign import sequence_quotas
-
     stages = index_order_stages(problem) if stages is None else stages
     _check_stages(problem, stages)
     w = problem.workload

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import Counter
 
 from skippipe.errors import PlanError
-from skippipe.plan.model import Plan, parse_op
+from skippipe.planfile.format import Plan, parse_op
 
 # the one-line reason a version-1 plan file whose paths break the version-2 jump rule is refused
 OLD_JUMP_MEANING = "written under the old max_jump meaning (stages skipped); re-plan it"
