@@ -9,6 +9,8 @@
   gcp-2025 table. Optional spread of compute speed and memory per node.
 - ``single_site_cluster``: every link the same (one data centre).
 - ``one_per_location``: one node at each location of a network table.
+- ``suite``: the scheduler suite (``SuiteCase``: a cluster, S and L), every kind above plus the
+  gcp/aws presets in their three settings, 12 to 1,000 nodes, S = 4..9.
 
 Every function returns a ``skippipe.cluster.Cluster`` with explicit latency and bandwidth
 matrices, which ``Cluster.to_dict`` writes as a cluster file that ``skippipe plan`` reads.
@@ -16,9 +18,11 @@ matrices, which ``Cluster.to_dict`` writes as a cluster file that ``skippipe pla
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
-from skippipe.cluster import Cluster, location_matrices, network_tables
+from skippipe.cluster import SETTING_NAMES, TABLE_NAMES, Cluster, location_matrices, network_tables, parse_preset
 
 EARTH_RADIUS_KM = 6371.0
 SAME_SITE_LATENCY_MS = 1.0
@@ -98,3 +102,44 @@ def one_per_location(table: str, name: str | None = None) -> Cluster:
         name=name or f"{table}/one-per-location", n=len(locations), locations=locations, latency_ms=latency,
         bandwidth_GBps=bandwidth, t_layer_s=float(network_tables()[table]["compute_s_per_sample_per_layer"]),
     )
+
+
+@dataclass(frozen=True)
+class SuiteCase:
+    kind: str
+    cluster: Cluster
+    num_stages: int
+    path_length: int
+
+
+def _gcp_regions(n: int) -> Cluster:
+    """``n`` nodes round robin over the 12 GCP regions of gcp-2025."""
+    locations = list(network_tables()["gcp-2025"]["locations"])
+    placed = [locations[i % len(locations)] for i in range(n)]
+    latency, bandwidth = location_matrices("gcp-2025", placed)
+    return Cluster(name=f"gcp-2025/12-regions/{n}", n=n, locations=placed, latency_ms=latency,
+                   bandwidth_GBps=bandwidth, t_layer_s=float(network_tables()["gcp-2025"]["compute_s_per_sample_per_layer"]))
+
+
+def suite(seed: int = 0, largest: int = 1000) -> list[SuiteCase]:
+    """The scheduler suite: every cluster kind of issue 10, deterministic for ``seed``.
+
+    Clusters above ``largest`` nodes are left out (a quick run passes e.g. 100).
+    """
+    uneven = {"speed": (0.5, 2.0), "memory": (1, 4)}
+    cases = [
+        SuiteCase("gcp one per region", one_per_location("gcp-2025"), 5, 3),
+        SuiteCase("single site", single_site_cluster(18, seed), 4, 3),
+        SuiteCase("single site, uneven", single_site_cluster(24, seed, **uneven), 6, 4),
+        SuiteCase("global random", random_global_cluster(16, seed, broken=0.1), 4, 3),
+        SuiteCase("global uneven", random_global_cluster(24, seed + 1, speed=(0.5, 1.7)), 7, 4),
+        SuiteCase("global uneven+mem", random_global_cluster(30, seed + 2, broken=0.1, **uneven), 8, 5),
+        SuiteCase("global, 6 sites", random_global_cluster(40, seed + 3, sites=6, broken=0.1, **uneven), 9, 5),
+    ]
+    for table in TABLE_NAMES:
+        for setting in SETTING_NAMES:
+            cases.append(SuiteCase(f"{table} {setting}", parse_preset(f"{table}/{setting}/20"), 6, 4))
+    cases.append(SuiteCase("gcp 12 regions", _gcp_regions(100), 9, 5))
+    cases.append(SuiteCase("global uneven", random_global_cluster(100, seed + 4, sites=30, broken=0.05, **uneven), 7, 4))
+    cases.append(SuiteCase("global uneven", random_global_cluster(1000, seed + 5, sites=60, broken=0.05, **uneven), 9, 5))
+    return [c for c in cases if c.cluster.n <= largest]
