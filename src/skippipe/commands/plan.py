@@ -46,9 +46,11 @@ def add_problem_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--path-length", type=int, metavar="L", help="stages each microbatch visits, stage 0 included (default 4)")
     g.add_argument("--microbatches", type=int, metavar="m", help="microbatches per data node (default 6)")
     g.add_argument("--samples", type=int, metavar="b", help="samples per microbatch (default 8)")
-    g.add_argument("--memory", type=int, metavar="M", help="activation slots per node, unless the cluster says otherwise (default 3)")
+    g.add_argument("--memory", type=int, metavar="M",
+                   help="activation slots per node, unless the cluster says otherwise (default 3)")
     g.add_argument("--max-swaps", type=int, metavar="K", help="swaps of adjacent stages per path (default 1)")
-    g.add_argument("--max-jump", type=int, metavar="J", help="a visit may go at most J stages past the highest stage reached so far "
+    g.add_argument("--max-jump", type=int, metavar="J",
+                   help="a visit may go at most J stages past the highest stage reached so far "
                         "(default 4: at most 3 stages skipped at once)")
     g.add_argument("--layers", type=int, metavar="N", help="model layers (default 24)")
     g.add_argument("--d-model", type=int, metavar="D", help="model width, sets the activation size (default 1024)")
@@ -123,9 +125,12 @@ def problem_from_args(args: argparse.Namespace) -> Any:
 
 
 def plan_summary(plan: Any, problem: Any) -> dict[str, Any]:
+    from skippipe.planner.floors import free_allocation_floor
+
     w = problem.workload
     lb = plan.lower_bound_s
     ms = plan.predicted_makespan_s
+    floor_all = free_allocation_floor(problem).value if problem.fixed_stages is None else None
     return {
         "method": plan.method,
         "cluster": problem.cluster.name,
@@ -140,6 +145,8 @@ def plan_summary(plan: Any, problem: Any) -> dict[str, Any]:
         "lower_bound_s": lb,
         "ratio": (ms / lb) if lb and ms and math.isfinite(ms) else None,
         "planning_s": plan.meta.get("planning_s"),
+        "floor_all_s": floor_all,
+        "ratio_all": (ms / floor_all) if floor_all and ms and math.isfinite(ms) else None,
     }
 
 
@@ -153,6 +160,8 @@ def format_summary(doc: dict[str, Any]) -> str:
     ]
     if doc["lower_bound_s"]:
         lines.append(f"lower bound  {doc['lower_bound_s']:.2f} s (makespan / bound = {doc['ratio']:.3f})")
+    if doc.get("floor_all_s"):
+        lines.append(f"floor        {doc['floor_all_s']:.2f} s over every allocation (makespan / floor = {doc['ratio_all']:.3f})")
     if doc["planning_s"] is not None:
         lines.append(f"planned in   {doc['planning_s']:.2f} s")
     return "\n".join(lines)

@@ -35,6 +35,7 @@ trips fast and take one through Australia.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from dataclasses import dataclass
@@ -42,11 +43,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from skippipe.bounds import data_node_floor, trip_floor
+from skippipe.cluster import Cluster
+from skippipe.costs import CostModel
 from skippipe.errors import UserError
-from skippipe.planner.problem import Problem
+from skippipe.planfile import Plan
+from skippipe.planner.problem import Problem, build_problem
 from skippipe.planner.relaxed_floors import capacity_floor, relaxed_round_trips
+from skippipe.workload import workload_from_dict
 
-__all__ = ["trip_floor", "allocation_data_node_floor", "free_allocation_floor", "FreeFloor"]
+__all__ = ["trip_floor", "allocation_data_node_floor", "free_allocation_floor", "plan_free_floor", "FreeFloor"]
 
 
 def allocation_data_node_floor(problem: Problem, stages: list[list[int]]) -> float:
@@ -160,3 +165,18 @@ def free_allocation_floor(problem: Problem, max_sets: int = 200_000, max_tuples:
         if val < best[0]:
             best = (val, data)
     return FreeFloor(max(cap, best[0]), tuple(int(x) for x in best[1]), True, exact, cap)
+
+
+def plan_free_floor(plan: Plan) -> FreeFloor | None:
+    """``free_allocation_floor`` for the cluster, costs and workload a plan file carries (its
+    stage sizes kept); None when the file records no workload."""
+    if not plan.workload:
+        return None
+    w = dataclasses.replace(workload_from_dict(dict(plan.workload), where="plan workload"),
+                            stage_sizes=tuple(len(s) for s in plan.stages))
+    c = plan.costs
+    cluster = Cluster(name="plan", n=plan.n_nodes, transfer_s=np.array(c.transfer_s, dtype=float),
+                      forward_s=np.array(c.forward_s, dtype=float), memory=np.array(plan.memory, dtype=int))
+    cm = CostModel(backward_factor=c.backward_factor, loss_factor=c.loss_factor, inject_gap_s=c.inject_gap_s,
+                   op_gap_s=c.op_gap_s)
+    return free_allocation_floor(build_problem(cluster, w, cm))

@@ -121,4 +121,4 @@ def capacity_floor(problem: Problem, trip_floors: np.ndarray, tol: float = 1e-6)
     while hi - lo > tol * max(1.0, hi):
         mid = 0.5 * (lo + hi)
         lo, hi = (lo, mid) if feasible(mid) else (mid, hi)
-    return hi
+    return lo  # infeasible, so every plan takes longer
