@@ -59,7 +59,7 @@ class PlanSection:
     cluster: str = "gcp-2025/geo-distributed/12"  # TABLE/SETTING/N, a shipped example, or a file
     method: str = "skippipe"
     seed: int = 0
-    time_limit_s: float = 10.0
+    time_limit_s: float | None = None  # None: the planner's deterministic budget (the same plan on any machine)
     num_stages: int = 4
     path_length: int = 3  # stages each microbatch visits, stage 0 included (skip 1 - L/S)
     microbatches_per_data_node: int = 4
@@ -71,7 +71,7 @@ class PlanSection:
     def __post_init__(self) -> None:
         if self.file is None and self.method not in PLAN_METHODS:
             raise UserError(f"plan: method must be one of {', '.join(PLAN_METHODS)}, got {self.method!r}")
-        if not self.time_limit_s > 0:
+        if self.time_limit_s is not None and not self.time_limit_s > 0:
             raise UserError("plan: time_limit_s must be > 0")
 
     def workload(self, n_layers: int, d_model: int, ctx: int, samples: int) -> Workload:
@@ -177,6 +177,8 @@ def _section(cls: type, data: Any, where: str) -> Any:
             if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
                 raise UserError(f"{where}: stage_sizes must be a list of integers")
             value = tuple(value)
+        elif key == "time_limit_s":
+            value = value_like(0.0, value, key, where)
         else:
             value = value_like(getattr(defaults, key), value, key, where)
         kwargs[key] = value
