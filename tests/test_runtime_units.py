@@ -30,8 +30,10 @@ from skippipe.workload import Workload
 
 
 def test_runtime_config_modules_import_without_torch():
-    code = ("import sys, skippipe.runtime.config, skippipe.runtime.schedule, skippipe.runtime.emulation; "
-            "print('torch' in sys.modules)")
+    code = (
+        "import sys, skippipe.runtime.config, skippipe.runtime.schedule, skippipe.runtime.emulation; "
+        "print('torch' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
@@ -99,8 +101,8 @@ def replay(plan, policy: str = "fifo") -> dict[int, list[str]]:
 @pytest.mark.parametrize("method", ["full", "random", "skippipe"])
 @pytest.mark.parametrize("seed", [0, 1])
 def test_node_schedules_make_the_simulators_decisions(method, seed):
-    wl = Workload(num_stages=4, path_length=3, microbatches_per_data_node=4, memory=2, n_layers=8)
-    problem = build_problem(load_cluster("gcp-2025/geo-distributed/10"), wl)
+    workload = Workload(num_stages=4, path_length=3, microbatches_per_data_node=4, memory=2, n_layers=8)
+    problem = build_problem(load_cluster("gcp-2025/geo-distributed/10"), workload)
     plan = make_plan(method, problem, seed=seed, time_limit_s=5)
     assert replay(plan) == simulate(plan).processing_order()
 
@@ -203,16 +205,6 @@ def test_config_errors_are_one_line(tmp_path):
     bad.write_text("[run\n")
     with pytest.raises(UserError, match="not valid TOML"):
         load_run_config(bad)
-
-
-def test_plan_time_limit_defaults_to_the_deterministic_budget():
-    assert run_config_from_dict({}).plan.time_limit_s is None
-    assert run_config_from_dict({"plan": {"time_limit_s": 3}}).plan.time_limit_s == 3.0
-    assert "time_limit_s" not in run_config_from_dict({}).to_dict()["plan"]
-    with pytest.raises(UserError):
-        run_config_from_dict({"plan": {"time_limit_s": 0}})
-    with pytest.raises(UserError):
-        run_config_from_dict({"plan": {"time_limit_s": "soon"}})
 
 
 def test_shipped_example_config_loads():
