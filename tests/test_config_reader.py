@@ -360,3 +360,10 @@ def test_plan_refuses_a_negative_seed(tmp_path, capsys):
     assert main(["plan", "--cluster", "gcp-2025/geo-distributed/20", "--seed", "-1", "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--seed must be >= 0, got -1" in err and not out.exists()
+
+
+def test_training_plans_with_the_deterministic_budget_by_default():
+    from skippipe.runtime.config import load_default_run_config, run_config_from_dict
+
+    assert load_default_run_config().plan.time_limit_s is None
+    assert run_config_from_dict({"plan": {"time_limit_s": 5}}).plan.time_limit_s == 5.0

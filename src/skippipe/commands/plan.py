@@ -145,9 +145,12 @@ def problem_from_args(args: argparse.Namespace) -> Any:
 
 
 def plan_summary(plan: Any, problem: Any) -> dict[str, Any]:
+    from skippipe.planner.floors import free_allocation_floor
+
     w = problem.workload
     lb = plan.lower_bound_s
     ms = plan.predicted_makespan_s
+    floor_all = free_allocation_floor(problem).value if problem.fixed_stages is None else None
     return {
         "method": plan.method,
         "cluster": problem.cluster.name,
@@ -162,6 +165,8 @@ def plan_summary(plan: Any, problem: Any) -> dict[str, Any]:
         "lower_bound_s": lb,
         "ratio": (ms / lb) if lb and ms and math.isfinite(ms) else None,
         "planning_s": plan.meta.get("planning_s"),
+        "floor_all_s": floor_all,
+        "ratio_all": (ms / floor_all) if floor_all and ms and math.isfinite(ms) else None,
     }
 
 
@@ -175,6 +180,8 @@ def format_summary(doc: dict[str, Any]) -> str:
     ]
     if doc["lower_bound_s"]:
         lines.append(f"lower bound  {doc['lower_bound_s']:.2f} s (makespan / bound = {doc['ratio']:.3f})")
+    if doc.get("floor_all_s"):
+        lines.append(f"floor        {doc['floor_all_s']:.2f} s over every allocation (makespan / floor = {doc['ratio_all']:.3f})")
     if doc["planning_s"] is not None:
         lines.append(f"planned in   {doc['planning_s']:.2f} s")
     return "\n".join(lines)

@@ -68,7 +68,7 @@ class PlanSection:
     cluster: str = "gcp-2025/geo-distributed/12"  # TABLE/SETTING/N, a shipped example, or a file
     method: str = "skippipe"  # a name of skippipe.planner.methods.METHODS
     seed: int = field(default=0, metadata={"min": 0})
-    time_limit_s: float = field(default=10.0, metadata=ABOVE_ZERO)
+    time_limit_s: float | None = field(default=None, metadata=ABOVE_ZERO)  # None: the deterministic budget
     shape: PipelineShape = field(default=TRAINING_SHAPE, metadata={"inline": True})
 
     def __post_init__(self) -> None:
