@@ -145,7 +145,7 @@ def test_diverged_training_stops_with_one_line_and_no_non_finite_checkpoint(tmp_
     from safetensors.torch import load_file
 
     plan = full_plan(num_stages=2, chains=1, m=2, n_layers=4, samples=2, d_model=32, ctx=16)
-    cfg = write_config(tmp_path, plan, steps=6, train={"lr": 1e20}, run={"checkpoint_every": 1, "keep_checkpoints": 10})
+    cfg = write_config(tmp_path, plan, steps=6, train={"lr": 1e12}, run={"checkpoint_every": 1, "keep_checkpoints": 10})
     out = subprocess.run([sys.executable, "-m", "skippipe.cli", "train", str(cfg), "--no-progress"],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 3
