@@ -58,6 +58,11 @@ def load_token_data(
     if tokenizer == "bytes":
         tok: Tokenizer = ByteTokenizer()
         key = f"bytes-{fp}-{val_fraction}"
+    elif tokenizer != "bpe":  # "gpt2" or a tokenizer.json file
+        from skippipe.data.tokenizers_hf import resolve_tokenizer, tokenizer_digest
+
+        tok = resolve_tokenizer(tokenizer)
+        key = f"tok{tokenizer_digest(tok)}-{fp}-{val_fraction}"
     else:
         # the BPE is trained on the training split only, so validation text stays unseen
         bpe_path = bpe_cache_path(folder, f"{fp}-{val_fraction}", vocab_size)
@@ -80,9 +85,14 @@ def load_token_data(
 
 
 def token_data_for(cfg: object) -> TokenData:
-    """``load_token_data`` with the fields of a ``TrainConfig``."""
+    """``load_token_data`` with the fields of a ``TrainConfig``; a prepared dataset
+    (``[train] data``, made by ``skippipe prepare``) is memory-mapped instead."""
+    if getattr(cfg, "data", None):
+        from skippipe.data.prepare import load_prepared
+
+        return load_prepared(cfg.data)  # type: ignore[attr-defined]
     return load_token_data(
-        corpus=cfg.corpus, tokenizer=cfg.tokenizer, vocab_size=cfg.vocab_size,  # type: ignore[attr-defined]
+        corpus=cfg.corpus, tokenizer=cfg.tokenizer, vocab_size=cfg.bpe_vocab_size(),  # type: ignore[attr-defined]
         val_fraction=cfg.val_fraction, cache_dir=cfg.cache_dir,  # type: ignore[attr-defined]
     )
 

@@ -216,7 +216,12 @@ def _resolve_paths(cfg: RunConfig, base: Path) -> RunConfig:
     cluster = plan.cluster
     if Path(cluster).suffix.lower() in (".json", ".toml"):
         cluster = fix(cluster) or cluster
-    return replace(cfg, plan=replace(plan, file=fix(plan.file), cluster=cluster))
+    train = dict(cfg.train)
+    for key in ("data", "tokenizer"):  # a prepared dataset folder, a tokenizer.json file
+        value = train.get(key)
+        if isinstance(value, str) and (key == "data" or value.endswith(".json")):
+            train[key] = fix(value)
+    return replace(cfg, plan=replace(plan, file=fix(plan.file), cluster=cluster), train=train)
 
 
 DEFAULT_RUN_CONFIG = "train-tiny.toml"  # in skippipe/resources/examples, also examples/train-tiny.toml

@@ -118,7 +118,7 @@ class Worker:
         assert self.s.tokens is not None
         starts = microbatch_starts(
             self.s.plan, mb_id, iteration, len(self.s.tokens), self.seq_len, cfg.samples_per_microbatch,
-            seed=cfg.seed, sharding=cfg.sharding,
+            seed=cfg.seed, sharding=cfg.sharding, sampling=cfg.resolved_sampling(),
         )
         x, y = windows(self.s.tokens, starts, self.seq_len)
         return torch.from_numpy(x).to(self.s.device), torch.from_numpy(y).to(self.s.device)

@@ -26,6 +26,11 @@ from skippipe.errors import UserError
 from skippipe.model.config import ModelConfig, model_config_from_dict
 CORPORA = ("shakespeare", "bible")
 GRAD_DIVISORS: tuple[str, ...] = ("visits", "microbatches", "reference")  # see skippipe.train.grads
+COMPUTE_CHOICES = {
+    "sampling": ("auto", "random", "epoch"),
+    "precision": ("fp32", "bf16"),
+    "optimizer_impl": ("auto", "fused", "foreach", "loop"),
+}
 
 
 @dataclass(frozen=True)
@@ -33,13 +38,19 @@ class TrainConfig:
     # model: a preset plus overrides; vocab_size is always taken from the tokenizer
     model: dict[str, Any] = field(default_factory=lambda: {"preset": "tiny"})
     # data
+    data: str | None = None  # a folder made by `skippipe prepare` (then corpus, tokenizer, vocab_size are unused)
     corpus: tuple[str, ...] = CORPORA
-    tokenizer: str = "bpe"  # "bpe" (trained on the corpus, cached) or "bytes"
-    vocab_size: int = 4096  # BPE vocabulary size
+    tokenizer: str = "bpe"  # "bpe" (trained on the corpus, cached), "bytes", "gpt2" or a tokenizer.json path
+    vocab_size: int = 0  # BPE vocabulary size; 0: the model preset's
     val_fraction: float = 0.05  # the tail of every document goes to validation
     sharding: str = "stream"  # "stream": one global sample stream; "node": each data node its shard
+    sampling: str = "auto"  # "random" windows, "epoch" (each window once per epoch); auto: epoch with `data`
     samples_per_microbatch: int = 4
     seq_len: int = 0  # tokens per sample; 0 = the model's context
+    # compute (skippipe.train.precision)
+    precision: str = "fp32"  # "fp32" or "bf16" (autocast; fp32 master weights and AdamW state)
+    activation_checkpointing: bool = False  # recompute each layer in the backward instead of keeping activations
+    optimizer_impl: str = "auto"  # AdamW kernel: "auto" (fused on CUDA, for-loop on CPU), "fused", "foreach", "loop"
     # optimisation
     steps: int = 200
     lr: float = 6e-4
@@ -59,10 +70,10 @@ class TrainConfig:
     cache_dir: str | None = None  # tokenizer/token cache (default: $SKIPPIPE_CACHE or ~/.cache/skippipe)
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "samples_per_microbatch", "steps", "eval_batches", "eval_batch_size"):
+        for name in ("samples_per_microbatch", "steps", "eval_batches", "eval_batch_size"):
             if getattr(self, name) < 1:
                 raise UserError(f"train: {name} must be at least 1, got {getattr(self, name)}")
-        for name in ("seq_len", "warmup_steps", "eval_every", "seed"):
+        for name in ("vocab_size", "seq_len", "warmup_steps", "eval_every", "seed"):
             if getattr(self, name) < 0:
                 raise UserError(f"train: {name} must be >= 0, got {getattr(self, name)}")
         if not 0 < self.lr or not 0 <= self.min_lr <= self.lr:
@@ -73,19 +84,44 @@ class TrainConfig:
             raise UserError(f"train: val_fraction must be in (0, 0.5), got {self.val_fraction}")
         if self.grad_divisor not in GRAD_DIVISORS:
             raise UserError(f"train: grad_divisor must be one of {', '.join(GRAD_DIVISORS)}, got {self.grad_divisor!r}")
-        if self.tokenizer not in ("bpe", "bytes"):
-            raise UserError(f"train: tokenizer must be 'bpe' or 'bytes', got {self.tokenizer!r}")
+        if self.tokenizer not in ("bpe", "bytes", "gpt2") and not self.tokenizer.endswith(".json"):
+            raise UserError(f"train: tokenizer must be 'bpe', 'bytes', 'gpt2' or a tokenizer.json path, got {self.tokenizer!r}")
+        for name, allowed in COMPUTE_CHOICES.items():
+            if getattr(self, name) not in allowed:
+                raise UserError(f"train: {name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
         if self.sharding not in ("stream", "node"):
             raise UserError(f"train: sharding must be 'stream' or 'node', got {self.sharding!r}")
         if not self.corpus or any(c not in CORPORA for c in self.corpus):
             raise UserError(f"train: corpus must list some of {', '.join(CORPORA)}, got {list(self.corpus)}")
-        if self.tokenizer == "bpe" and self.vocab_size <= 256:
+        if self.tokenizer == "bpe" and 0 < self.vocab_size <= 256:
             raise UserError(f"train: a BPE vocabulary needs more than 256 entries, got {self.vocab_size}")
         model_config_from_dict(self.model, where="train: model")  # validate early
 
     def model_config(self, vocab_size: int) -> ModelConfig:
-        """The model this run trains, with the tokenizer's vocabulary size."""
-        return model_config_from_dict({**self.model, "vocab_size": vocab_size}, where="train: model")
+        """The model this run trains: its vocabulary follows the tokenizer (``vocab_size``), or a
+        ``[model] vocab_size`` at least that large (e.g. padded to a multiple of 64)."""
+        asked = self.model.get("vocab_size")
+        if asked is not None and asked < vocab_size:
+            raise UserError(f"train: [model] vocab_size = {asked} is smaller than the tokenizer's {vocab_size} tokens")
+        return model_config_from_dict({**self.model, "vocab_size": asked or vocab_size}, where="train: model")
+
+    def vocab_note(self, vocab_size: int) -> str | None:
+        """One line when the tokenizer changes the model preset's vocabulary size, else None."""
+        base = model_config_from_dict(self.model, where="train: model")
+        model = self.model_config(vocab_size)
+        if base.vocab_size == model.vocab_size:
+            return None
+        return (
+            f"model: preset {self.model.get('preset', 'tiny')!r} has a vocabulary of {base.vocab_size:,}; it follows the "
+            f"tokenizer's {model.vocab_size:,} ({base.num_params() / 1e6:,.1f} M -> {model.num_params() / 1e6:,.1f} M parameters)"
+        )
+
+    def bpe_vocab_size(self) -> int:
+        """Entries of the BPE trained on the corpus: ``vocab_size``, else the model preset's."""
+        return self.vocab_size or model_config_from_dict(self.model, where="train: model").vocab_size
+
+    def resolved_sampling(self) -> str:
+        return self.sampling if self.sampling != "auto" else ("epoch" if self.data else "random")
 
     def tokens_per_sample(self, model: ModelConfig) -> int:
         return self.seq_len or model.ctx
