@@ -41,8 +41,8 @@ from skippipe.cluster import load_cluster  # noqa: E402
 from skippipe.data.dataset import token_data_for  # noqa: E402
 from skippipe.fileio import atomic_write_text  # noqa: E402
 from skippipe.model.checkpoint import save_checkpoint  # noqa: E402
-from skippipe.planner.methods import make_plan  # noqa: E402
 from skippipe.planfile import Plan  # noqa: E402
+from skippipe.planner.methods import make_plan  # noqa: E402
 from skippipe.planner.problem import build_problem  # noqa: E402
 from skippipe.train.config import TrainConfig  # noqa: E402
 from skippipe.train.loop import train_plan  # noqa: E402

@@ -23,8 +23,15 @@ import numpy as np
 from skippipe.bounds import lower_bound, memory_floor
 from skippipe.planfile import Constraints, Costs, Microbatch, Plan, save_plan
 from skippipe.reference import (
-    INSTANCES, INVALID_FIGURES, METHOD_TITLES, METHODS, reference_figure, reference_plan, reference_problem,
-    reference_stages, rule_breaks,
+    INSTANCES,
+    INVALID_FIGURES,
+    METHOD_TITLES,
+    METHODS,
+    reference_figure,
+    reference_plan,
+    reference_problem,
+    reference_stages,
+    rule_breaks,
 )
 from skippipe.sim import simulate
 

@@ -38,14 +38,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import matplotlib  # noqa: E402
 
 matplotlib.use("Agg")
+import convergence  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 
-import convergence  # noqa: E402
 from skippipe.data.dataset import token_data_for  # noqa: E402
 from skippipe.eval import omission_sweep  # noqa: E402
-from skippipe.model.checkpoint import load_checkpoint, load_model, save_checkpoint  # noqa: E402
 from skippipe.fileio import atomic_write_text  # noqa: E402
+from skippipe.model.checkpoint import load_checkpoint, load_model, save_checkpoint  # noqa: E402
 from skippipe.planfile import load_plan  # noqa: E402
 from skippipe.train.loop import train_plan  # noqa: E402
 

@@ -24,8 +24,8 @@ import torch
 
 from skippipe.cluster import load_cluster
 from skippipe.data.dataset import token_data_for
-from skippipe.planner.methods import make_plan
 from skippipe.planfile import save_plan
+from skippipe.planner.methods import make_plan
 from skippipe.planner.problem import build_problem
 from skippipe.runtime.config import load_run_config
 from skippipe.runtime.job import prepare, train

@@ -20,11 +20,10 @@ from pathlib import Path
 
 from skippipe.bounds import memory_floor
 from skippipe.cluster import load_cluster
-from skippipe.planfile import Plan, save_plan
+from skippipe.planfile import Plan, plan_violations, save_plan
+from skippipe.planner.floors import allocation_data_node_floor, free_allocation_floor
 from skippipe.planner.problem import Problem, build_problem
 from skippipe.planner.routing.schedule import plan_no_tc2, plan_skippipe
-from skippipe.planner.floors import allocation_data_node_floor, free_allocation_floor
-from skippipe.planfile import plan_violations
 from skippipe.reference import reference_figure, reference_plan, reference_problem, reference_stages
 from skippipe.sim import simulate
 

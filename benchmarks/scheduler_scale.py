@@ -19,10 +19,10 @@ import os
 import time
 
 from skippipe.cluster import load_cluster
+from skippipe.planfile import plan_violations
+from skippipe.planner.floors import allocation_data_node_floor
 from skippipe.planner.problem import build_problem
 from skippipe.planner.routing.schedule import plan_no_tc2, plan_skippipe
-from skippipe.planner.floors import allocation_data_node_floor
-from skippipe.planfile import plan_violations
 from skippipe.sim import simulate
 from skippipe.workload import Workload
 

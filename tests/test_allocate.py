@@ -12,8 +12,7 @@ from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import maximum_bipartite_matching
 
 from skippipe.cluster import cluster_from_dict, load_cluster, preset_cluster
-from skippipe.planner.allocation.genetic import (
-    _held_karp,
+from skippipe.planner.allocation import (
     allocate,
     allocation_fitness,
     best_tour,
@@ -21,6 +20,7 @@ from skippipe.planner.allocation.genetic import (
     data_node_candidates,
     random_allocation,
 )
+from skippipe.planner.allocation.tours import _held_karp
 from skippipe.planner.problem import build_problem
 from skippipe.workload import Workload
 

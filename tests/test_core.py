@@ -9,9 +9,8 @@ import pytest
 
 from skippipe.cluster import cluster_from_dict, load_cluster, preset_cluster
 from skippipe.errors import ClusterError, PlanError, UserError
-from skippipe.planfile import Microbatch, Plan, load_plan, save_plan
+from skippipe.planfile import Microbatch, Plan, load_plan, path_rule_violation, plan_violations, save_plan
 from skippipe.planner.problem import build_problem
-from skippipe.planfile import path_rule_violation, plan_violations
 from skippipe.workload import Workload
 
 
@@ -105,8 +104,10 @@ def test_truncated_plan_file(tmp_path):
         ([3, 1], False),  # swap of distance 2
         ([2, 1, 4, 3], False),  # two swaps with max_swaps=1
         ([1, 1], False),
-        ([5], True),  # skips 4 stages
-        ([6], False),  # skips 5 > max_jump
+        ([4], True),  # 4 stages past the frontier 0 (3 skipped)
+        ([5], False),  # 5 > max_jump stages past the frontier: 0 -> 5 is forbidden
+        ([2, 1, 5], True),  # 5 - 2 = 3 past the frontier 2
+        ([1, 6], False),  # 6 - 1 = 5 > max_jump
     ],
 )
 def test_path_rules(stages, ok):

@@ -9,8 +9,7 @@ import torch
 from skippipe.errors import UserError
 from skippipe.model.config import ModelConfig
 from skippipe.model.llama import Llama
-from skippipe.planfile import Constraints, Costs, Microbatch, Plan
-from skippipe.planfile import check_plan
+from skippipe.planfile import Constraints, Costs, Microbatch, Plan, check_plan
 from skippipe.train.config import TrainConfig, load_train_config, train_config_from_dict
 from skippipe.train.executor import ReferenceExecutor, plan_batch_fn
 from skippipe.train.grads import (

@@ -9,8 +9,15 @@ import pytest
 from skippipe.bounds import memory_floor
 from skippipe.planfile import plan_violations
 from skippipe.reference import (
-    INSTANCES, INVALID_FIGURES, METHODS, load_reference, reference_figure, reference_plan, reference_problem,
-    reference_stages, rule_breaks,
+    INSTANCES,
+    INVALID_FIGURES,
+    METHODS,
+    load_reference,
+    reference_figure,
+    reference_plan,
+    reference_problem,
+    reference_stages,
+    rule_breaks,
 )
 from skippipe.sim import simulate
 

@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from runtime_fixtures import seven_node_plan, write_config
 
+from runtime_fixtures import seven_node_plan, write_config
 from skippipe.model.checkpoint import load_checkpoint
 from skippipe.runtime import checkpoint as ckpt
 from skippipe.runtime.metrics import read_metrics

@@ -13,8 +13,8 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from runtime_fixtures import seven_node_plan
 
+from runtime_fixtures import seven_node_plan
 from skippipe.cluster import load_cluster
 from skippipe.errors import UserError
 from skippipe.planner.methods import make_plan

@@ -28,7 +28,7 @@ data-node floor (sharper; also only the allocation)
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from hashlib import blake2b
 
 import numpy as np
@@ -81,7 +81,7 @@ def _stage_moves(num_stages: int, max_jump: int):
 
     def succ(state):
         s, f, open_ = state
-        for t in range(f + 1, min(num_stages - 1, f + 1 + max_jump) + 1):
+        for t in range(f + 1, min(num_stages - 1, f + max_jump) + 1):
             yield (t, t, t - 1 > f), False
         if open_ and s == f:
             yield (f - 1, f, False), True
@@ -236,7 +236,7 @@ def plan_data_node_floor(plan: Plan) -> float:
     return _plan_floor(plan, data_node_floor)
 
 
-def _plan_floor(plan: Plan, floor_of) -> float:  # noqa: ANN001
+def _plan_floor(plan: Plan, floor_of: Callable[..., float]) -> float:
     counts: dict[int, int] = {}
     for mb in plan.microbatches:
         counts[mb.data_node] = counts.get(mb.data_node, 0) + 1

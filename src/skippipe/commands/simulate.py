@@ -15,6 +15,7 @@ from typing import Any
 
 from skippipe.bounds import compute_bound, plan_data_node_floor, plan_memory_floor
 from skippipe.errors import UserError
+from skippipe.fileio import check_writable
 from skippipe.planfile import Plan, load_plan
 from skippipe.sim import SimResult, simulate
 
@@ -107,6 +108,8 @@ def format_table(doc: dict[str, Any], title: str) -> str:
 def run(args: argparse.Namespace) -> int:
     if args.gantt and not str(args.gantt).lower().endswith(".png"):
         raise UserError(f"{args.gantt}: the Gantt chart is written as PNG; give a file name ending in .png")
+    if args.gantt:
+        check_writable(args.gantt, "Gantt chart")
     plan = load_plan(args.plan)
     order = {} if args.fifo else None  # {} = no fixed order on any node
     result = simulate(plan, processing_order=order, record=True)

@@ -2,11 +2,13 @@
 
 Core keys (stable across versions):
 
-- ``version`` (int), ``format`` ("skippipe-plan")
+- ``version`` (int, 2; version-1 files load when their paths obey the version-2 jump rule),
+  ``format`` ("skippipe-plan")
 - ``stages``: list of lists of node ids, pipeline order; stage 0 are the data nodes
 - ``layers``: model layer ids held by each stage (every layer in exactly one stage)
 - ``memory``: activation slots per node (an int for all, or one per node)
-- ``constraints``: ``path_length`` (L, stage 0 included), ``max_swaps``, ``max_jump``,
+- ``constraints``: ``path_length`` (L, stage 0 included), ``max_swaps``, ``max_jump`` (a visit
+  above the frontier, the highest stage reached so far, is at most ``max_jump`` stages past it),
   ``max_load`` (per-node cap on microbatches handled per iteration, TC1; null = no cap)
 - ``costs``: ``transfer_s`` (N x N seconds per microbatch hop), ``forward_s`` (per node, one
   stage, one microbatch), ``backward_factor``, ``loss_factor``, ``inject_gap_s``, ``op_gap_s``
@@ -35,7 +37,10 @@ from skippipe.costs import BACKWARD_FACTOR, INJECT_GAP_S, LOSS_FACTOR, OP_GAP_S,
 from skippipe.errors import PlanError
 
 PLAN_FORMAT = "skippipe-plan"
-PLAN_VERSION = 1
+# version 2: ``max_jump`` bounds how far past the frontier a visit may go (s - frontier <=
+# max_jump); version 1 files meant stages skipped at once (s - frontier - 1 <= max_jump). A
+# version-1 file still loads when its paths obey the version-2 rule.
+PLAN_VERSION = 2
 OP_KINDS = ("F", "L", "B")
 
 

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from skippipe.bounds import data_node_floor, round_trip_chain, trip_floor
+from skippipe.bounds import data_node_floor, trip_floor
 from skippipe.errors import UserError
 from skippipe.planner.problem import Problem
 
@@ -58,7 +58,7 @@ class FreeFloor:
     exhaustive: bool  # every data-node set was tried (else: the weaker, set-free floor)
 
 
-def _round_trips(problem) -> tuple[np.ndarray, np.ndarray]:  # noqa: ANN001
+def _round_trips(problem: Problem) -> tuple[np.ndarray, np.ndarray]:
     """R0[d]: fastest round trip of d through L-1 distinct other nodes (any order);
     RA[d, x]: the fastest one that visits x (inf on the diagonal)."""
     n = problem.n
@@ -100,7 +100,7 @@ def _slow_one(ra: float, r0: float, m: int, k: int, og: float) -> float:
     return best
 
 
-def free_allocation_floor(problem, max_sets: int = 200_000, max_tuples: int = 2_000_000) -> FreeFloor:  # noqa: ANN001
+def free_allocation_floor(problem: Problem, max_sets: int = 200_000, max_tuples: int = 2_000_000) -> FreeFloor:
     """The load-aware floor over every allocation of ``problem`` (see the module text).
 
     Tries every data-node set when there are at most ``max_sets``; otherwise returns the

@@ -4,6 +4,7 @@
 
 - ``full``             DT-FM full pipeline (``baselines.full_plan``)
 - ``random``           random skipping under CC1-CC3 and TC1 (``baselines.random_plan``)
+- ``naive``            index-order stages, least-loaded stage sets and nodes (``baselines.naive_plan``)
 - ``skippipe-no-tc2``  SkipPipe paths without collision awareness (``routing.schedule.plan_no_tc2``)
 - ``skippipe``         SkipPipe with collision-aware paths (``routing.schedule.plan_skippipe``)
 
@@ -20,7 +21,7 @@ from collections.abc import Callable
 from skippipe.errors import UserError
 from skippipe.planfile import Plan, check_plan
 from skippipe.planner.allocation import allocate
-from skippipe.planner.baselines import full_plan, random_plan
+from skippipe.planner.baselines import full_plan, naive_plan, random_plan
 from skippipe.planner.problem import Problem
 from skippipe.planner.routing.schedule import plan_no_tc2, plan_skippipe
 from skippipe.sim import SimResult, simulate
@@ -48,6 +49,10 @@ def _random(problem: Problem, seed: int, time_limit_s: float | None) -> Plan:
     return plan
 
 
+def _naive(problem: Problem, seed: int, time_limit_s: float | None) -> Plan:
+    return naive_plan(problem, seed=seed)
+
+
 def _stages(problem: Problem, seed: int, time_limit_s: float | None) -> list[list[int]]:
     return allocate(problem, seed=seed, time_limit_s=time_limit_s)
 
@@ -63,6 +68,7 @@ def _skippipe(problem: Problem, seed: int, time_limit_s: float | None) -> Plan:
 METHODS: dict[str, Planner] = {
     "full": _full,
     "random": _random,
+    "naive": _naive,
     "skippipe-no-tc2": _no_tc2,
     "skippipe": _skippipe,
 }

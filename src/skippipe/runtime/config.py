@@ -25,8 +25,8 @@ folder ``[run] dir`` is relative to the current directory. Torch-free.
 
 from __future__ import annotations
 
-from importlib import resources
 from dataclasses import asdict, dataclass, field, fields, replace
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +34,7 @@ from skippipe.config_fields import read_config_file, reject_unknown_keys, value_
 from skippipe.errors import UserError
 from skippipe.workload import Workload
 
-PLAN_METHODS = ("full", "random", "skippipe-no-tc2", "skippipe")
+PLAN_METHODS = ("full", "random", "naive", "skippipe-no-tc2", "skippipe")
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,7 @@ class PlanSection:
     microbatches_per_data_node: int = 4
     memory: int = 2  # activation slots per node (M)
     max_swaps: int = 1
-    max_jump: int = 4
+    max_jump: int = 4  # a visit goes at most this many stages past the highest one reached
     stage_sizes: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:

@@ -36,7 +36,7 @@ import torch
 from torch import nn
 
 from skippipe.planfile import Plan
-from skippipe.train.config import GRAD_DIVISORS  # noqa: F401  (re-exported)
+from skippipe.train.config import GRAD_DIVISORS
 
 GradDivisor = Literal["visits", "microbatches", "reference"]
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from skippipe.planfile import Constraints, Costs, Microbatch, Plan
+from skippipe.planner.problem import Problem
 from skippipe.sim import simulate
 
 Route = tuple[int, tuple[int, ...]]  # (data node, path)
@@ -51,7 +52,7 @@ class Evaluator:
     the lower id is injected first) plus an optional processing order per node.
     """
 
-    def __init__(self, problem, stages: list[list[int]]) -> None:  # noqa: ANN001
+    def __init__(self, problem: Problem, stages: list[list[int]]) -> None:
         self.problem = problem
         self.stages = stages
         self.transfer = np.asarray(problem.transfer_s, dtype=float)

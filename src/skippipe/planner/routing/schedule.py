@@ -39,8 +39,8 @@ from skippipe.planner.problem import Problem
 from skippipe.planner.routing.assign import assign_static, round_of
 from skippipe.planner.routing.evaluate import Evaluator, Incremental, Route, Score
 from skippipe.planner.routing.groups import group_allocation, private_chains
-from skippipe.planner.routing.sequences import RouteCosts, stage_sequences
 from skippipe.planner.routing.search import RouteSearch, SearchLimits
+from skippipe.planner.routing.sequences import RouteCosts, stage_sequences
 from skippipe.sim import simulate
 
 
@@ -62,10 +62,6 @@ def _deadline(time_limit_s: float | None) -> float | None:
     if time_limit_s <= 0:
         raise UserError(f"time limit must be > 0 seconds, got {time_limit_s}")
     return time.perf_counter() + float(time_limit_s)
-
-
-def _left(deadline: float | None) -> float | None:
-    return None if deadline is None else max(0.01, deadline - time.perf_counter())
 
 
 def _allocation(problem: Problem, seed: int, time_limit_s: float | None) -> list[list[int]]:
@@ -120,7 +116,7 @@ def chain_routes(stages: list[list[int]], chains: dict[int, list[int]], m: int) 
 
 
 def chain_candidate(
-    problem: Problem, stages: list[list[int]], caps: list[int], seqs, deadline: float | None  # noqa: ANN001
+    problem: Problem, stages: list[list[int]], caps: list[int], seqs: tuple[tuple[int, ...], ...], deadline: float | None
 ) -> list[Route] | None:
     """Private chains for the data nodes that can have one; the others share what capacity is
     left (static routing). When the rest cannot be routed, the least critical chain is given up."""
@@ -267,12 +263,6 @@ def _portion(limits: SearchLimits, deadline: float | None, fraction: float) -> S
     if deadline is not None:
         dl = time.perf_counter() + max(0.0, deadline - time.perf_counter()) * fraction
     return SearchLimits(budget=max(1, int(left * fraction)), deadline=dl)
-
-
-def _share_deadline(deadline: float | None, parts: int) -> float | None:
-    if deadline is None:
-        return None
-    return time.perf_counter() + max(0.0, deadline - time.perf_counter()) / max(1, parts)
 
 
 def _improve_orders(search: RouteSearch, routes: list[Route], score: Score) -> tuple[dict[int, list[str]] | None, Score]:
