@@ -34,20 +34,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the ha
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import torch  # noqa: E402
+import matplotlib.pyplot as plt
+import torch
 
-from skippipe.cluster import load_cluster  # noqa: E402
-from skippipe.data.dataset import token_data_for  # noqa: E402
-from skippipe.fileio import atomic_write_text  # noqa: E402
-from skippipe.model.checkpoint import save_checkpoint  # noqa: E402
-from skippipe.planfile import Plan  # noqa: E402
-from skippipe.planner.methods import make_plan  # noqa: E402
-from skippipe.planner.problem import build_problem  # noqa: E402
-from skippipe.train.config import TrainConfig  # noqa: E402
-from skippipe.train.loop import train_plan  # noqa: E402
-from skippipe.workload import Workload  # noqa: E402
-from toy_plans import full_plan, skip_plan  # noqa: E402
+from skippipe.cluster import load_cluster
+from skippipe.data.dataset import token_data_for
+from skippipe.fileio import atomic_write_text
+from skippipe.model.checkpoint import save_checkpoint
+from skippipe.planfile import Plan
+from skippipe.planner.methods import make_plan
+from skippipe.planner.problem import build_problem
+from skippipe.train.config import TrainConfig
+from skippipe.train.loop import train_plan
+from skippipe.workload import Workload
+from toy_plans import full_plan, skip_plan
 
 N_LAYERS = 12  # 3 per stage with S=4, 2 per stage with S=6
 
@@ -94,8 +94,12 @@ def plans(args: argparse.Namespace) -> dict:
     b, T = args.samples, args.seq_len
     return {
         "full": full_plan(num_stages=4, chains=3, m=10, n_layers=N_LAYERS, samples=b, ctx=T),
-        "skip-25% (S=4, L=3)": skip_plan([5, 3, 3, 3], 3, 6, N_LAYERS, seed=args.seed, swap_fraction=args.swaps, samples=b, ctx=T),
-        "skip-33% (S=6, L=4)": skip_plan([5, 3, 3, 3, 3, 3], 4, 6, N_LAYERS, seed=args.seed, swap_fraction=args.swaps, samples=b, ctx=T),
+        "skip-25% (S=4, L=3)": skip_plan(
+            [5, 3, 3, 3], 3, 6, N_LAYERS, seed=args.seed, swap_fraction=args.swaps, samples=b, ctx=T
+        ),
+        "skip-33% (S=6, L=4)": skip_plan(
+            [5, 3, 3, 3, 3, 3], 4, 6, N_LAYERS, seed=args.seed, swap_fraction=args.swaps, samples=b, ctx=T
+        ),
     }
 
 

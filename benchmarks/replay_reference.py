@@ -61,7 +61,10 @@ def fmt(x: float | None, nd: int = 2) -> str:
 
 def replay_table(args: argparse.Namespace) -> list[str]:
     notes: list[str] = []
-    head = f"{'instance':<9} {'method':<32} {'mbs':>4} {'ours s':>8} {'reference s':>12} {'ratio':>6} {'bound s':>8} {'ours/bound':>10}"
+    head = (
+        f"{'instance':<9} {'method':<32} {'mbs':>4} {'ours s':>8} {'reference s':>12} {'ratio':>6} "
+        f"{'bound s':>8} {'ours/bound':>10}"
+    )
     print(head)
     print("-" * len(head))
     for instance in INSTANCES:
@@ -82,7 +85,8 @@ def replay_table(args: argparse.Namespace) -> list[str]:
             if (instance, method) in INVALID_FIGURES:
                 star = " *"
                 notes.append(
-                    f"* {instance} {method}: the reference figure {ref:.2f} s is not valid ({INVALID_FIGURES[(instance, method)]}); "
+                    f"* {instance} {method}: the reference figure {ref:.2f} s is not valid "
+                    f"({INVALID_FIGURES[(instance, method)]}); "
                     f"our last finish among the microbatches it did finish: "
                     f"{max(res.finish_s[i] for i in res.finish_s if i not in _lost(instance, method)):.2f} s"
                 )
@@ -173,7 +177,7 @@ def print_speed() -> None:
     plan = reference_plan("current", "ca")
     lower_bound(plan)
     for kw in ({"record": False, "bound": False}, {"record": False}, {"record": True}):
-        ms = best_ms(lambda: simulate(plan, **kw), 5, 100)
+        ms = best_ms(lambda kw=kw: simulate(plan, **kw), 5, 100)
         flags = ", ".join(f"{k}={v}" for k, v in kw.items())
         print(f"  20 nodes, 30 microbatches, {flags}: {ms:.3f} ms per simulation")
     big = synthetic_plan()

@@ -89,7 +89,10 @@ def main() -> int:
     run_cpu = sum(per_it.values()) / len(per_it)
 
     print(f"reference executor  {1e3 * ref_wall / samples:7.2f} ms/sample wall   {1e3 * ref_cpu / samples:7.2f} ms/sample CPU")
-    print(f"runtime, {plan.n_nodes} workers  {1e3 * run_wall / samples:7.2f} ms/sample wall   {1e3 * run_cpu / samples:7.2f} ms/sample CPU (all workers)")
+    print(
+        f"runtime, {plan.n_nodes} workers  {1e3 * run_wall / samples:7.2f} ms/sample wall   "
+        f"{1e3 * run_cpu / samples:7.2f} ms/sample CPU (all workers)"
+    )
     ratio = run_wall / ref_wall
     print(f"runtime / reference: wall {ratio:.2f} per sample (target <= 1.3), CPU {run_cpu / ref_cpu:.2f}")
     return 0 if ratio <= 1.3 else 1

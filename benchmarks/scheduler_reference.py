@@ -7,7 +7,7 @@ makespan, whether every microbatch finished and TC1 holds, the planning time, an
 to the memory floor of the allocation (``skippipe.bounds``), to the sharper data-node floor
 (``skippipe.planner.floors``: no plan on that allocation can beat it) and to the
 reference's SkipPipe. For our own allocation it also prints the load-aware floor over every
-allocation (``route_bounds.free_allocation_floor``). Every number is measured in this run.
+allocation (``planner.floors.free_allocation_floor``). Every number is measured in this run.
 
     python3 benchmarks/scheduler_reference.py [--seed 0] [--time-limit S] [--write-plans DIR]
 """

@@ -67,7 +67,8 @@ def test_bad_workloads():
 
 def _tiny_plan() -> Plan:
     c = cluster_from_dict({"transfer_s": np.ones((6, 6)).tolist(), "forward_s": 1.0})
-    p = build_problem(c, Workload(num_stages=3, path_length=2, microbatches_per_data_node=2, n_layers=3, memory=2, stage_sizes=(2, 2, 2)))
+    w = Workload(num_stages=3, path_length=2, microbatches_per_data_node=2, n_layers=3, memory=2, stage_sizes=(2, 2, 2))
+    p = build_problem(c, w)
     stages = [[0, 1], [2, 3], [4, 5]]
     mbs = [Microbatch(0, 0, [2]), Microbatch(1, 0, [4]), Microbatch(2, 1, [3]), Microbatch(3, 1, [5])]
     return p.make_plan(stages, mbs, method="test", seed=0)

@@ -1,4 +1,5 @@
-"""Replaying the reference's plans: every valid figure within 2.3 % (as the docs claim; the largest gap is +2.22 %), floors, how microbatches are built."""
+"""Replaying the reference's plans: every valid figure within 2.3 % (as the docs claim; the largest gap is +2.22 %),
+floors, how microbatches are built."""
 
 from __future__ import annotations
 
@@ -104,7 +105,6 @@ def test_full_pipeline_replays():
 
 def test_replays_obey_path_rules_and_report_tc1_breaks():
     for instance in INSTANCES:
-        problem = reference_problem(instance)
         for method in METHODS:
             plan = reference_plan(instance, method)
             assert plan.constraints.max_load is None

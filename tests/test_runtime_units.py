@@ -30,7 +30,10 @@ from skippipe.workload import Workload
 
 
 def test_runtime_config_modules_import_without_torch():
-    code = "import sys, skippipe.runtime.config, skippipe.runtime.schedule, skippipe.runtime.emulation; print('torch' in sys.modules)"
+    code = (
+        "import sys, skippipe.runtime.config, skippipe.runtime.schedule, skippipe.runtime.emulation; "
+        "print('torch' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
@@ -98,7 +101,8 @@ def replay(plan, policy: str = "fifo") -> dict[int, list[str]]:
 @pytest.mark.parametrize("method", ["full", "random", "skippipe"])
 @pytest.mark.parametrize("seed", [0, 1])
 def test_node_schedules_make_the_simulators_decisions(method, seed):
-    problem = build_problem(load_cluster("gcp-2025/geo-distributed/10"), Workload(num_stages=4, path_length=3, microbatches_per_data_node=4, memory=2, n_layers=8))
+    workload = Workload(num_stages=4, path_length=3, microbatches_per_data_node=4, memory=2, n_layers=8)
+    problem = build_problem(load_cluster("gcp-2025/geo-distributed/10"), workload)
     plan = make_plan(method, problem, seed=seed, time_limit_s=5)
     assert replay(plan) == simulate(plan).processing_order()
 
@@ -125,12 +129,15 @@ def test_memory_cap_holds_back_forwards():
     for mb in (0, 1, 3):
         s.arrived("F", mb, 0.0)
     assert s.next_op(0.0) == ("F", 0)
-    s.started("F", 0); s.finished("F", 0)
-    s.started("F", 1); s.finished("F", 1)
+    s.started("F", 0)
+    s.finished("F", 0)
+    s.started("F", 1)
+    s.finished("F", 1)
     assert s.next_op(1.0) is None  # two activations held: F3 must wait
     s.arrived("B", 0, 1.0)
     assert s.next_op(1.0) == ("B", 0)
-    s.started("B", 0); s.finished("B", 0)
+    s.started("B", 0)
+    s.finished("B", 0)
     assert s.next_op(2.0) == ("F", 3)
     assert expected_messages(plan, 4) == 8 and expected_messages(plan, 0) == 6
 
@@ -171,7 +178,7 @@ def test_ordered_accumulation_is_independent_of_arrival_order(perm):
         layer.zero_grad(set_to_none=True)
         acc = OrderedGradAccumulator(layer, list(range(5)))
         for i in order:
-            acc.capture(i, lambda: layer(xs[i]).pow(2).sum().backward(), last=True)
+            acc.capture(i, lambda i=i: layer(xs[i]).pow(2).sum().backward(), last=True)
         assert acc.done
         return [p.grad.clone() for p in layer.parameters()]
 

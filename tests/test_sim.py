@@ -281,7 +281,8 @@ def test_random_plans_obey_the_rules(plan):
         return
     check_timeline(plan, res)
     assert res.makespan_s >= res.lower_bound_s - 1e-9
-    assert res.makespan_s == pytest.approx(max(o.end for o in res.ops if o.kind == "B" and o.node == plan.microbatch(o.mb).data_node))
+    data_node_ends = [o.end for o in res.ops if o.kind == "B" and o.node == plan.microbatch(o.mb).data_node]
+    assert res.makespan_s == pytest.approx(max(data_node_ends))
     # replaying the executed order reproduces the timeline exactly
     replay = simulate(plan, processing_order=res.processing_order())
     assert replay.finished

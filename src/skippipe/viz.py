@@ -145,7 +145,9 @@ def gantt_panels(
         for handle, label in zip(*ax.get_legend_handles_labels()):
             handles.setdefault(label, handle)
     if len(panels) == 1:
-        last.legend(handles.values(), handles.keys(), loc="upper center", bbox_to_anchor=(0.5, -0.08), ncol=7, fontsize=8, frameon=False)
+        last.legend(
+            handles.values(), handles.keys(), loc="upper center", bbox_to_anchor=(0.5, -0.08), ncol=7, fontsize=8, frameon=False
+        )
     else:
         fig.legend(handles.values(), handles.keys(), loc="lower center", ncol=7, fontsize=8, frameon=False)
         fig.tight_layout(rect=(0, 0.03, 1, 1))
@@ -181,7 +183,8 @@ def _draw_panel(ax: Any, panel: GanttPanel, row_of: Mapping[int, int], label_min
     if panel.makespan_s is not None:
         ax.axvline(panel.makespan_s, color="#C44E52", linestyle="--", linewidth=1.2, label=f"makespan {panel.makespan_s:.2f} s")
     if panel.lower_bound_s is not None and panel.lower_bound_s > 0:
-        ax.axvline(panel.lower_bound_s, color="#555555", linestyle=":", linewidth=1.2, label=f"lower bound {panel.lower_bound_s:.2f} s")
+        label = f"lower bound {panel.lower_bound_s:.2f} s"
+        ax.axvline(panel.lower_bound_s, color="#555555", linestyle=":", linewidth=1.2, label=label)
 
 
 def bar_chart(
@@ -209,7 +212,8 @@ def bar_chart(
         text = value_format.format(v) if math.isfinite(v) else "n/a"
         ax.text(bar.get_x() + bar.get_width() / 2, bar.get_height() + top * 0.01, text, ha="center", va="bottom", fontsize=8)
     for i, (name, y) in enumerate((lines or {}).items()):
-        ax.axhline(y, color=("#C44E52", "#555555", "#8172B3")[i % 3], linestyle="--", linewidth=1, label=f"{name} {value_format.format(y)}")
+        colour = ("#C44E52", "#555555", "#8172B3")[i % 3]
+        ax.axhline(y, color=colour, linestyle="--", linewidth=1, label=f"{name} {value_format.format(y)}")
     if lines:
         ax.legend(fontsize=8, frameon=False)
     ax.set_xticks(range(len(labels)))

@@ -42,7 +42,10 @@ def summary(plan: Plan, result: SimResult) -> dict[str, Any]:
     waits = [0.0] * plan.n_nodes
     for op in result.ops:
         per_node[op.node].append(
-            {"mb": op.mb, "kind": op.kind, "start": round(op.start, 4), "end": round(op.end, 4), "wait": round(op.start - op.ready, 4)}
+            {
+                "mb": op.mb, "kind": op.kind, "start": round(op.start, 4), "end": round(op.end, 4),
+                "wait": round(op.start - op.ready, 4),
+            }
         )
         waits[op.node] += op.start - op.ready
     nodes = []
@@ -84,7 +87,8 @@ def format_table(doc: dict[str, Any], title: str) -> str:
         pct = 100.0 * row["busy_s"] / end if end else 0.0
         stage = "-" if row["stage"] is None else str(row["stage"])
         lines.append(
-            f"{row['node']:>5} {stage:>5} {row['ops']:>4} {row['busy_s']:>8.2f} {row['idle_s']:>8.2f} {pct:>6.1f}% {row['wait_s']:>8.2f}"
+            f"{row['node']:>5} {stage:>5} {row['ops']:>4} {row['busy_s']:>8.2f} {row['idle_s']:>8.2f} "
+            f"{pct:>6.1f}% {row['wait_s']:>8.2f}"
         )
     lines.append("")
     if doc["finished"]:

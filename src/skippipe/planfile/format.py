@@ -243,7 +243,9 @@ def _plan_from_dict(data: Any, where: str) -> Plan:
         raise PlanError(f"{where}: costs.forward_s must be a list with one number per node")
     n = forward.shape[0]
     if transfer.ndim != 2 or transfer.shape != (n, n):
-        raise PlanError(f"{where}: costs.transfer_s must be a {n} x {n} matrix (one row per node), got shape {list(transfer.shape)}")
+        raise PlanError(
+            f"{where}: costs.transfer_s must be a {n} x {n} matrix (one row per node), got shape {list(transfer.shape)}"
+        )
     if not np.all(np.isfinite(transfer)) or np.any(transfer < 0):
         raise PlanError(f"{where}: costs.transfer_s must hold finite non-negative seconds")
     if not np.all(np.isfinite(forward)) or np.any(forward <= 0):

@@ -43,7 +43,10 @@ def iterations(records: list[dict[str, Any]]) -> list[int]:
 
 def makespan(records: list[dict[str, Any]], iteration: int, data_nodes: list[int], scale: float = 1.0) -> float:
     """Last backward on a data node, in plan seconds (the simulator's definition)."""
-    ends = [r["end"] for r in records if r["type"] == "op" and r["it"] == iteration and r["kind"] == "B" and r["node"] in data_nodes]
+    ends = [
+        r["end"] for r in records
+        if r["type"] == "op" and r["it"] == iteration and r["kind"] == "B" and r["node"] in data_nodes
+    ]
     return max(ends) / scale if ends else float("nan")
 
 

@@ -236,7 +236,8 @@ def assign_static(
 
 
 def _greedy(
-    problem: Problem, rc: RouteCosts, stages: list[list[int]], caps: list[int], classes: np.ndarray, seqs: tuple[tuple[int, ...], ...],
+    problem: Problem, rc: RouteCosts, stages: list[list[int]], caps: list[int], classes: np.ndarray,
+    seqs: tuple[tuple[int, ...], ...],
     quotas: list[int] | None, rounds: bool = True,
 ) -> Paths | None:
     """Round robin over the data nodes (slowest first), cheapest path each; None if stuck.

@@ -148,7 +148,9 @@ class Evaluator:
         values = tuple(finish[d] for d in ranked)
         return Score(values[0] if values else 0.0, values, tuple(ranked))
 
-    def realized_orders(self, routes: list[Route], ids: list[int], orders: dict[int, list[str]] | None = None) -> dict[int, list[str]]:
+    def realized_orders(
+        self, routes: list[Route], ids: list[int], orders: dict[int, list[str]] | None = None
+    ) -> dict[int, list[str]]:
         """The order in which each node of one component served its operations (global ids)."""
         plan, nodes = self.subplan(routes, ids, orders)
         res = simulate(plan, record=False, bound=False)

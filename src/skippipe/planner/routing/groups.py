@@ -68,7 +68,9 @@ class GroupCosts:
 # ----------------------------------------------------------------------------- fixed allocation
 
 
-def _chains_in_pool(gc: GroupCosts, d: int, by_stage: list[list[int]], seqs: tuple[tuple[int, ...], ...]) -> list[tuple[float, list[int]]]:
+def _chains_in_pool(
+    gc: GroupCosts, d: int, by_stage: list[list[int]], seqs: tuple[tuple[int, ...], ...]
+) -> list[tuple[float, list[int]]]:
     out = []
     for seq in seqs:
         for nodes in itertools.product(*[by_stage[s] for s in seq]):
@@ -126,7 +128,8 @@ def private_chains(
 
 
 def _improve_pairs(
-    gc: GroupCosts, stages: list[list[int]], seqs: tuple[tuple[int, ...], ...], chains: dict[int, list[int]], est: dict[int, float],
+    gc: GroupCosts, stages: list[list[int]], seqs: tuple[tuple[int, ...], ...], chains: dict[int, list[int]],
+    est: dict[int, float],
     free: np.ndarray, deadline: float | None, per_stage: int = 3,
 ) -> None:
     """Re-optimise the latest data node together with one other, while that helps. The pool
