@@ -19,3 +19,7 @@ class ClusterError(UserError):
 
 class OutputError(UserError):
     """An output path that cannot be written (checked before any work is done)."""
+
+
+class DataError(UserError):
+    """Input text, a tokenizer or a prepared token dataset that cannot be used."""

@@ -10,7 +10,8 @@ import argparse
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("inputs", nargs="+", metavar="INPUT", help="text files, folders of them, or JSON Lines files (.jsonl)")
     p.add_argument("--out", required=True, metavar="DIR", help="output folder (new or empty; with --force: replaces a dataset)")
-    p.add_argument("--tokenizer", default="bpe", help="'bpe' (train a byte-level BPE here, default), 'bytes', 'gpt2', or a tokenizer.json path")
+    p.add_argument("--tokenizer", default="bpe",
+                   help="'bpe' (train a byte-level BPE here, default), 'bytes', 'gpt2', or a tokenizer.json path")
     p.add_argument("--vocab-size", type=int, default=4096, help="with --tokenizer bpe: vocabulary size (default 4096)")
     p.add_argument("--val-fraction", type=float, default=0.05, help="share of documents for validation (default 0.05)")
     p.add_argument("--split", choices=["document", "tail"], default="document",
@@ -34,5 +35,5 @@ def run(args: argparse.Namespace) -> int:
         force=args.force, progress=not args.no_progress,
     )
     print(summary.format())
-    print(f'train on it: set [train] data = "{summary.out}" in a run config, then `skippipe train CONFIG`')
+    print(f"train on it: skippipe train --data {summary.out}   (or [train] data = \"{summary.out}\" in a run config)")
     return 0

@@ -31,7 +31,7 @@ from skippipe.data.corpora import split_document
 from skippipe.data.shards import DEFAULT_SHARD_TOKENS, INDEX, ShardWriter, read_index, token_dtype, write_index
 from skippipe.data.tokenizer import Tokenizer, train_bpe
 from skippipe.data.tokenizers_hf import resolve_tokenizer
-from skippipe.errors import UserError
+from skippipe.errors import DataError
 
 TEXT_SUFFIXES = (".txt", ".text", ".md", ".markdown", ".rst")
 JSONL_SUFFIXES = (".jsonl", ".ndjson")
@@ -80,12 +80,12 @@ def find_inputs(inputs: list[str | Path]) -> list[InputFile]:
                 and f.suffix.lower() in TEXT_SUFFIXES + JSONL_SUFFIXES
             )
             if not found:
-                raise UserError(f"{p}: no text files ({', '.join(TEXT_SUFFIXES)}) or JSON Lines files (.jsonl) in this folder")
+                raise DataError(f"{p}: no text files ({', '.join(TEXT_SUFFIXES)}) or JSON Lines files (.jsonl) in this folder")
             out += [InputFile(f, str(f.relative_to(p)), f.suffix.lower() in JSONL_SUFFIXES) for f in found]
         else:
-            raise UserError(f"{p}: no such file or folder")
+            raise DataError(f"{p}: no such file or folder")
     if not out:
-        raise UserError("prepare: no input given")
+        raise DataError("prepare: no input given")
     return out
 
 
@@ -133,9 +133,9 @@ def _jsonl_records(f: InputFile, text_field: str) -> Iterator[tuple[int, str]]:
             try:
                 rec = json.loads(line)
             except json.JSONDecodeError:
-                raise UserError(f"{f.path}:{n}: not valid JSON") from None
+                raise DataError(f"{f.path}:{n}: not valid JSON") from None
             if not isinstance(rec, dict) or not isinstance(rec.get(text_field), str):
-                raise UserError(f"{f.path}:{n}: no string field {text_field!r} (choose the field with --text-field)")
+                raise DataError(f"{f.path}:{n}: no string field {text_field!r} (choose the field with --text-field)")
             yield n, rec[text_field]
 
 
@@ -199,25 +199,25 @@ def prepare_dataset(
 
     t0 = time.monotonic()
     if not 0 < val_fraction < 0.5:
-        raise UserError(f"prepare: the validation fraction must be in (0, 0.5), got {val_fraction}")
+        raise DataError(f"prepare: the validation fraction must be in (0, 0.5), got {val_fraction}")
     if split not in ("document", "tail"):
-        raise UserError(f"prepare: split must be 'document' or 'tail', got {split!r}")
+        raise DataError(f"prepare: split must be 'document' or 'tail', got {split!r}")
     if shard_tokens < 1:
-        raise UserError("prepare: shard size must be at least 1 token")
+        raise DataError("prepare: shard size must be at least 1 token")
     files = find_inputs(inputs)
     if split == "document" and len(files) == 1 and not files[0].jsonl:
         split = "tail"  # one document: its tail is the validation text
     folder = Path(out)
     if (folder / INDEX).is_file():
         if not force:
-            raise UserError(f"{folder} already holds a prepared dataset; give --force to replace it")
+            raise DataError(f"{folder} already holds a prepared dataset; give --force to replace it")
         old = read_index(folder)
         for info in old.get("splits", {}).values():
             for s in info.get("shards", []):
                 (folder / s["file"]).unlink(missing_ok=True)
         (folder / INDEX).unlink()
     elif folder.exists() and any(folder.iterdir()):
-        raise UserError(f"{folder} exists and is not empty; choose an empty or new folder")
+        raise DataError(f"{folder} exists and is not empty; choose an empty or new folder")
     folder.mkdir(parents=True, exist_ok=True)
 
     tok = make_tokenizer(tokenizer, files, vocab_size, val_fraction, split, text_field, bpe_train_chars)
@@ -256,9 +256,9 @@ def prepare_dataset(
     finally:
         bar.close()
     if result["train"]["tokens"] == 0:
-        raise UserError(f"prepare: no training text in {', '.join(map(str, inputs))}")
+        raise DataError(f"prepare: no training text in {', '.join(map(str, inputs))}")
     if result["val"]["tokens"] == 0:
-        raise UserError(f"prepare: no document fell into the validation split (fraction {val_fraction}); raise --val-fraction")
+        raise DataError(f"prepare: no document fell into the validation split (fraction {val_fraction}); raise --val-fraction")
     if getattr(tok, "kind", "") == "bytes":
         tok_entry = "bytes"
     else:
@@ -277,17 +277,3 @@ def prepare_dataset(
         shards={s: len(r["shards"]) for s, r in result.items()}, seconds=time.monotonic() - t0, split=split,
     )
 
-
-def load_prepared(folder: str | Path, check: bool = False) -> Any:
-    """A prepared dataset as ``dataset.TokenData``: memory-mapped splits and the tokenizer."""
-    from skippipe.data.dataset import TokenData
-    from skippipe.data.shards import open_split
-    from skippipe.data.tokenizer import ByteTokenizer, load_tokenizer_file
-
-    p = Path(folder)
-    index = read_index(p)
-    tok: Tokenizer = ByteTokenizer() if index.get("tokenizer") == "bytes" else load_tokenizer_file(p / str(index.get("tokenizer")))
-    if tok.vocab_size != index.get("vocab_size") or tok.eot_id != index.get("eot_id"):
-        raise UserError(f"{p}: tokenizer.json does not match {INDEX} (vocabulary or end-of-text id)")
-    digest = hashlib.sha256(json.dumps(index["splits"], sort_keys=True).encode()).hexdigest()[:16]
-    return TokenData(train=open_split(p, "train", check), val=open_split(p, "val", check), tokenizer=tok, fingerprint=digest)

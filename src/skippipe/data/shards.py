@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from skippipe.errors import UserError
+from skippipe.errors import DataError
 from skippipe.fileio import atomic_write_text
 
 INDEX = "index.json"
@@ -154,15 +154,15 @@ def read_index(folder: str | Path) -> dict[str, Any]:
     p = Path(folder)
     f = p / INDEX
     if not f.is_file():
-        raise UserError(f"{p}: not a prepared dataset (no {INDEX}; make one with `skippipe prepare`)")
+        raise DataError(f"{p}: not a prepared dataset (no {INDEX}; make one with `skippipe prepare`)")
     try:
         index = json.loads(f.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError):
-        raise UserError(f"{f}: not valid JSON") from None
+        raise DataError(f"{f}: not valid JSON") from None
     if not isinstance(index, dict) or index.get("format") != FORMAT:
-        raise UserError(f"{f}: not a skippipe token index")
+        raise DataError(f"{f}: not a skippipe token index")
     if index.get("version") != VERSION:
-        raise UserError(f"{f}: version {index.get('version')} is not supported (expected {VERSION})")
+        raise DataError(f"{f}: version {index.get('version')} is not supported (expected {VERSION})")
     return index
 
 
@@ -173,17 +173,17 @@ def open_split(folder: str | Path, split: str, check: bool = False) -> TokenShar
     index = read_index(p)
     info = index.get("splits", {}).get(split)
     if not info:
-        raise UserError(f"{p / INDEX}: no {split!r} split")
+        raise DataError(f"{p / INDEX}: no {split!r} split")
     dtype = np.dtype(index["dtype"])
     files = []
     for s in info["shards"]:
         f = p / s["file"]
         if not f.is_file():
-            raise UserError(f"{p}: shard {s['file']} is missing")
+            raise DataError(f"{p}: shard {s['file']} is missing")
         if f.stat().st_size != s["tokens"] * dtype.itemsize:
-            raise UserError(f"{p}: shard {s['file']} has {f.stat().st_size} bytes, the index says {s['tokens']} tokens")
+            raise DataError(f"{p}: shard {s['file']} has {f.stat().st_size} bytes, the index says {s['tokens']} tokens")
         if check and _sha256(f) != s["sha256"]:
-            raise UserError(f"{p}: shard {s['file']} is corrupt (sha256 does not match the index)")
+            raise DataError(f"{p}: shard {s['file']} is corrupt (sha256 does not match the index)")
         files.append(f)
     return TokenShards(files, dtype)
 

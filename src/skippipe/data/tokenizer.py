@@ -135,13 +135,3 @@ def cached_bpe(texts: list[str], vocab_size: int, fingerprint: str, cache_dir: s
     tok.path = path
     return tok
 
-
-def load_tokenizer_file(path: str | Path) -> Tokenizer:
-    """A tokenizer saved next to a checkpoint: a ``tokenizers`` JSON file (its end-of-text token
-    found by ``tokenizers_hf.find_eot``), or the word ``bytes``."""
-    from skippipe.data.tokenizers_hf import load_tokenizer_json
-
-    p = Path(path)
-    if p.name == "bytes" or (p.is_file() and p.read_text().strip() == "bytes"):
-        return ByteTokenizer()
-    return load_tokenizer_json(p)

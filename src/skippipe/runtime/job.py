@@ -36,6 +36,7 @@ class Prepared:
     steps: int
     predicted_makespan_s: float | None  # simulator, plan seconds
     predicted_ops: list[Any] | None = None
+    vocab_note: str | None = None  # one line when the tokenizer changes the model preset's vocabulary
 
 
 @dataclass
@@ -120,7 +121,7 @@ def prepare(cfg: RunConfig, run_dir: Path, resume: bool = False, fresh: bool = F
         predicted, ops = (res.makespan_s if res.finished else None), res.ops
     except ImportError:
         pass
-    return Prepared(cfg, run_dir, plan, config_file, start, train.steps, predicted, ops)
+    return Prepared(cfg, run_dir, plan, config_file, start, train.steps, predicted, ops, train.vocab_note(data.vocab_size))
 
 
 def train(prep: Prepared, until: int | None = None, progress: bool = True) -> Summary:
