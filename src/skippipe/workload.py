@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from skippipe.config_fields import reject_unknown_keys, value_like
+from skippipe.costs import WIRE_FORMATS
 from skippipe.errors import UserError
 
 
@@ -26,6 +27,7 @@ class Workload:
     max_swaps: int = 1
     max_jump: int = 4  # a visit goes at most this many stages past the highest one reached (CC3)
     stage_sizes: tuple[int, ...] | None = None  # nodes per stage; derived when None
+    wire_format: str = "fp32"  # activations/gradients on the wire: fp32, bf16 or int8 (skippipe.costs)
 
     def __post_init__(self) -> None:
         if self.num_stages < 2:
@@ -41,6 +43,8 @@ class Workload:
                 raise UserError(f"workload: {name} must be at least 1")
         if self.memory < 1:
             raise UserError(f"workload: memory must be at least 1 microbatch, got {self.memory}")
+        if self.wire_format not in WIRE_FORMATS:
+            raise UserError(f"workload: wire_format must be one of {', '.join(WIRE_FORMATS)}, got {self.wire_format!r}")
         if self.max_swaps < 0 or self.max_jump < 0:
             raise UserError("workload: max_swaps and max_jump must be >= 0")
         if self.stage_sizes is not None:

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from skippipe.config_fields import read_config_file, reject_unknown_keys, value_like
+from skippipe.costs import WIRE_FORMATS
 from skippipe.errors import UserError
 from skippipe.workload import Workload
 
@@ -74,8 +75,9 @@ class PlanSection:
         if not self.time_limit_s > 0:
             raise UserError("plan: time_limit_s must be > 0")
 
-    def workload(self, n_layers: int, d_model: int, ctx: int, samples: int) -> Workload:
-        """The planning workload: this table's pipeline shape with the model's dimensions."""
+    def workload(self, n_layers: int, d_model: int, ctx: int, samples: int, wire_format: str = "fp32") -> Workload:
+        """The planning workload: this table's pipeline shape with the model's dimensions and the
+        runtime's wire format (bytes per value of every hop)."""
         return Workload(
             num_stages=self.num_stages,
             path_length=self.path_length,
@@ -88,6 +90,7 @@ class PlanSection:
             max_swaps=self.max_swaps,
             max_jump=self.max_jump,
             stage_sizes=self.stage_sizes,
+            wire_format=wire_format,
         )
 
 
@@ -101,6 +104,8 @@ class RuntimeSection:
     policy: str = "fifo"  # "fifo" (the simulator's rule) or "backward-first"; a plan's processing_order wins
     deterministic: bool = True  # add gradients in microbatch order: bit-for-bit reproducible runs
     timeout_s: float = 120.0  # longest wait for any message or collective before giving up
+    wire: str = "bf16"  # activations/gradients on the wire: "fp32", "bf16" (1/2 the bytes) or "int8" (~1/4, row scales)
+    wire_error_feedback: bool = False  # int8: carry each link's rounding error into its next message
     rendezvous_timeout_s: float = 60.0  # longest wait for all workers to join
     threads_per_worker: int = 1  # torch intra-op threads per worker
     master_addr: str = "127.0.0.1"  # local launch only; torchrun sets its own
@@ -114,6 +119,8 @@ class RuntimeSection:
             raise UserError(f"runtime: device must be 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
         if self.backend == "nccl" and not self.device.startswith("cuda"):
             raise UserError("runtime: backend 'nccl' needs device 'cuda'")
+        if self.wire not in WIRE_FORMATS:
+            raise UserError(f"runtime: wire must be one of {', '.join(WIRE_FORMATS)}, got {self.wire!r}")
         if self.policy not in ("backward-first", "fifo"):
             raise UserError(f"runtime: policy must be 'backward-first' or 'fifo', got {self.policy!r}")
         if not self.time_scale > 0:

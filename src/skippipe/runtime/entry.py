@@ -132,6 +132,7 @@ def _run(config_path: str, run_dir_arg: str | None, plan_path: str | None, resum
         tokenizer=data.tokenizer if node == 0 else None,
         checkpoint_every=cfg.run.checkpoint_every, keep_checkpoints=cfg.run.keep_checkpoints,
         metrics=metrics, log_every=cfg.run.log_every, timeline_iteration=cfg.run.timeline_iteration,
+        wire=rt.wire, wire_error_feedback=rt.wire_error_feedback,
     )
     worker = Worker(setup)
     if found is not None:

@@ -67,7 +67,7 @@ def build_plan(cfg: RunConfig, model_cfg: Any, seq_len: int) -> Plan:
         raise UserError("planning needs skippipe.planner.methods, which this installation lacks; give [plan] file") from None
     train = cfg.train_config()
     cluster = load_cluster(cfg.plan.cluster)
-    workload = cfg.plan.workload(model_cfg.n_layers, model_cfg.d_model, seq_len, train.samples_per_microbatch)
+    workload = cfg.plan.workload(model_cfg.n_layers, model_cfg.d_model, seq_len, train.samples_per_microbatch, cfg.runtime.wire)
     problem = build_problem(cluster, workload)
     return make_plan(cfg.plan.method, problem, seed=cfg.plan.seed, time_limit_s=cfg.plan.time_limit_s)
 

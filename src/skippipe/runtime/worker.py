@@ -79,6 +79,8 @@ class WorkerSetup:
     log_every: int = 1
     timeline_iteration: int = -1  # 1-based iteration whose timeline is kept whatever happens (-1: none)
     timeline: list[dict[str, Any]] = field(default_factory=list)
+    wire: str = "fp32"  # activations/gradients on the wire (skippipe.runtime.wire)
+    wire_error_feedback: bool = False
 
 
 class Worker:
@@ -108,6 +110,7 @@ class Worker:
             device=setup.device,
             timeout_s=setup.timeout_s,
             delay=lambda dst: setup.emulation.link_delay_s(self.node, dst),
+            wire=setup.wire, error_feedback=setup.wire_error_feedback,
         )
 
     # ------------------------------------------------------------------ one iteration
