@@ -71,7 +71,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"wrote {run_dir / 'plan.json'} and {prep.config_file}")
         return 0
     start = f"from step {prep.start_step} " if prep.start_step else ""
-    print(f"train: {plan.n_nodes} workers ({rt.backend}, {rt.device}, {rt.wire} on the wire, {mode}) {start}to step {args.until or prep.steps}")
+    how = f"{rt.backend}, {rt.device}, {rt.wire} on the wire, {mode}"
+    print(f"train: {plan.n_nodes} workers ({how}) {start}to step {args.until or prep.steps}")
     summary = train(prep, until=args.until, progress=not args.no_progress)
     print(format_summary(summary, rt.emulate, rt.time_scale))
     return 0
