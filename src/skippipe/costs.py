@@ -12,6 +12,7 @@ fp32 (4 bytes a value), bf16 (2) or int8 (1, plus one fp32 scale per row of ``d_
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 import numpy as np
 
@@ -65,7 +66,8 @@ class CostModel(OpCostRule):
 
 
 # bytes per value on the wire, and bytes of scale per row (int8: one fp32 scale per row)
-WIRE_FORMATS: dict[str, tuple[int, int]] = {"fp32": (4, 0), "bf16": (2, 0), "int8": (1, 4)}
+WireFormat = Literal["fp32", "bf16", "int8"]
+WIRE_FORMATS: dict[str, tuple[int, int]] = dict(zip(get_args(WireFormat), [(4, 0), (2, 0), (1, 4)]))
 
 
 def wire_bytes(rows: int, row_len: int, wire_format: str = "fp32") -> int:

@@ -13,7 +13,8 @@ import numpy as np
 
 from skippipe.cluster import Cluster
 from skippipe.costs import CostModel, activation_bytes
-from skippipe.errors import UserError
+from skippipe.errors import ClusterError, UserError
+from skippipe.limits import FLOAT_LIMIT
 from skippipe.planfile import Constraints, Costs, Microbatch, Plan
 from skippipe.workload import Workload
 
@@ -109,7 +110,7 @@ class Problem:
 
 
 def build_problem(cluster: Cluster, workload: Workload, cost_model: CostModel | None = None) -> Problem:
-    cm = cost_model or CostModel(t_layer_s=cluster.t_layer_s or CostModel().t_layer_s)
+    cm = cost_model or (CostModel() if cluster.t_layer_s is None else CostModel(t_layer_s=cluster.t_layer_s))
     if cluster.stages is not None:
         sizes = [len(s) for s in cluster.stages]
         if len(sizes) != workload.num_stages:
@@ -127,6 +128,11 @@ def build_problem(cluster: Cluster, workload: Workload, cost_model: CostModel | 
     transfer = cluster.transfer_matrix(nbytes, cm.hop_overhead_s)
     forward = cluster.forward_vector(cm.t_layer_s, layers_per_stage, workload.samples_per_microbatch)
     memory = cluster.memory_vector(workload.memory)
+    for name, values in (("transfer", transfer), ("forward", forward)):
+        if not np.all(np.abs(values) <= FLOAT_LIMIT):  # NaN fails too
+            raise ClusterError(
+                f"its numbers give {name} times beyond {FLOAT_LIMIT:g} s (a bandwidth or speed too small?)", where=cluster.name
+            )
     if workload.path_length > workload.num_stages:
         raise UserError(f"path length L={workload.path_length} is larger than the number of stages S={workload.num_stages}")
     return Problem(
