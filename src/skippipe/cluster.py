@@ -42,7 +42,7 @@ class Cluster:
     forward_s: np.ndarray | None = None  # explicit forward seconds per microbatch per node
     memory: np.ndarray | None = None  # activation slots (microbatches) per node
     stages: list[list[int]] | None = None  # a fixed node -> stage allocation
-    t_layer_s: float | None = None  # the table's compute constant, if it came from one
+    t_layer_s: float | None = None  # compute constant of the reference layer (costs.layer_flops), if given
 
     def __post_init__(self) -> None:
         if self.compute_speed.size == 0:
@@ -208,6 +208,7 @@ class ClusterFile:
     memory: int | list[int] | None = field(default=None, metadata={"min": 1, **PER_NODE})
     stages: list[list[int]] | None = field(default=None, metadata={"min": 0, "max": MAX_NODES - 1, "min_len": 1, **PER_NODE})
     t_layer_s: float | None = field(default=None, metadata=ABOVE_ZERO)
+    profile: dict[str, Any] | None = None  # what `skippipe profile` measured (kept for reference, not read)
 
 
 def _matrix(value: list[list[float]], key: str, n: int | None, where: str) -> np.ndarray:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from skippipe.cluster import Cluster
-from skippipe.costs import CostModel, activation_bytes
+from skippipe.costs import CostModel, activation_bytes, scaled_t_layer
 from skippipe.errors import ClusterError, UserError
 from skippipe.limits import FLOAT_LIMIT
 from skippipe.planfile import Constraints, Costs, Microbatch, Plan
@@ -110,7 +110,10 @@ class Problem:
 
 
 def build_problem(cluster: Cluster, workload: Workload, cost_model: CostModel | None = None) -> Problem:
-    cm = cost_model or (CostModel() if cluster.t_layer_s is None else CostModel(t_layer_s=cluster.t_layer_s))
+    if cost_model is None:  # the cluster's (or default) constant is for the reference layer: scale by FLOPs
+        t_reference = CostModel().t_layer_s if cluster.t_layer_s is None else cluster.t_layer_s
+        cost_model = CostModel(t_layer_s=scaled_t_layer(t_reference, workload.d_model, workload.ctx))
+    cm = cost_model
     if cluster.stages is not None:
         sizes = [len(s) for s in cluster.stages]
         if len(sizes) != workload.num_stages:

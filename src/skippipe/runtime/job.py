@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,6 +53,7 @@ class Summary:
     checkpoint: Path | None
     timeline_png: Path | None
     records: list[dict[str, Any]] = field(default_factory=list)
+    drift: list[Any] = field(default_factory=list)  # DriftEvents: measured makespan away from the prediction
 
 
 def build_plan(cfg: RunConfig, model_cfg: Any, seq_len: int) -> Plan:
@@ -124,10 +126,13 @@ def prepare(cfg: RunConfig, run_dir: Path, resume: bool = False, fresh: bool = F
     return Prepared(cfg, run_dir, plan, config_file, start, train.steps, predicted, ops, train.vocab_note(data.vocab_size))
 
 
-def train(prep: Prepared, until: int | None = None, progress: bool = True) -> Summary:
-    """Launch one worker per plan node here, show progress, summarise."""
+def train(prep: Prepared, until: int | None = None, progress: bool = True, drift: Any = None) -> Summary:
+    """Launch one worker per plan node here, show progress, summarise. ``drift``: a
+    ``DriftMonitor`` fed every metrics record (default: one on the plan's predicted makespan
+    that prints each drift it finds)."""
     from tqdm import tqdm
 
+    from skippipe.runtime.drift import DriftMonitor
     from skippipe.runtime.launch import launch_local
 
     cfg, run_dir = prep.cfg, prep.run_dir
@@ -143,6 +148,8 @@ def train(prep: Prepared, until: int | None = None, progress: bool = True) -> Su
     bar = tqdm(total=end - prep.start_step, desc="train", unit="it", disable=not progress, dynamic_ncols=True)
     seen = {"n": 0}
     path = run_dir / METRICS_FILE
+    if drift is None and prep.predicted_makespan_s:
+        drift = DriftMonitor(prep.predicted_makespan_s, on_drift=lambda e: tqdm.write(f"drift: {e.describe()}", file=sys.stderr))
 
     def poll() -> bool:
         if not path.is_file():
@@ -155,6 +162,8 @@ def train(prep: Prepared, until: int | None = None, progress: bool = True) -> Su
         last = new[-1]
         bar.set_postfix(it=last["iteration"], loss=f"{last['loss']:.4f}", iter_s=f"{last['iter_s']:.2f}", refresh=False)
         bar.update(len(new))
+        if drift is not None:
+            drift.observe_records(new)
         return True
 
     t0 = time.monotonic()
@@ -169,7 +178,9 @@ def train(prep: Prepared, until: int | None = None, progress: bool = True) -> Su
     finally:
         bar.close()
     wall = time.monotonic() - t0
-    return summarize(prep, wall, end)
+    summary = summarize(prep, wall, end)
+    summary.drift = list(drift.events) if drift is not None else []
+    return summary
 
 
 def summarize(prep: Prepared, wall_s: float, end: int) -> Summary:
