@@ -87,12 +87,13 @@ def test_a_header_within_the_plan_is_accepted():
 
 
 @pytest.mark.parametrize("tamper, words", [
-    (lambda h: h.__setitem__(6, 1 << 40), "a tensor of shape"),  # a huge first dimension: refused, never allocated
+    (lambda h: h.__setitem__(7, 1 << 40), "a tensor of shape"),  # a huge first dimension: refused, never allocated
     (lambda h: h.__setitem__(5, 99), "corrupt message header"),  # ndim out of range
     (lambda h: h.__setitem__(3, 77), "corrupt message header"),  # unknown dtype code
     (lambda h: h.__setitem__(3, 4), "dtype"),  # int64: not an activation
     (lambda h: h.__setitem__(1, 9), "microbatch 9 is not in the plan"),
     (lambda h: h.__setitem__(2, 5), "corrupt message header"),  # no such direction
+    (lambda h: h.__setitem__(6, 99), "corrupt message header"),  # no such wire format
 ])
 def test_a_header_outside_the_plan_is_a_typed_error_naming_the_sender(tamper, words):
     h = _header([2, 16, 32])

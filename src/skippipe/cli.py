@@ -17,6 +17,7 @@ import sys
 from skippipe.errors import SkipPipeError
 
 COMMANDS: list[tuple[str, str]] = [
+    ("prepare", "tokenize your text files / JSON Lines into token shards for training"),
     ("plan", "cluster + workload -> plan file"),
     ("simulate", "simulate one iteration of a plan: table, JSON, Gantt chart"),
     ("compare", "all planning methods on one cluster: table + bar chart"),

@@ -178,3 +178,7 @@ class OutputError(UserError):
 
 class WorkloadError(ConfigError):
     """A workload (file, flags or ``[plan]`` pipeline shape) that cannot be used."""
+
+
+class DataError(UserError):
+    """Input text, a tokenizer or a prepared token dataset that cannot be used."""

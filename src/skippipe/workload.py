@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ClassVar
 
 from skippipe.config_fields import check_fields, invalid, read_dataclass
+from skippipe.costs import WireFormat
 from skippipe.errors import WorkloadError
 from skippipe.limits import MAX_CTX, MAX_LAYERS, MAX_MICROBATCHES, MAX_NODES, MAX_SAMPLES, MAX_STAGES, MAX_WIDTH, at_most
 
@@ -47,11 +48,15 @@ class PipelineShape:
                 self, "stage_sizes", f"stage_sizes has {len(self.stage_sizes)} entries for {self.num_stages} stages"
             )
 
-    def with_model(self, n_layers: int, d_model: int, ctx: int, samples_per_microbatch: int) -> Workload:
-        """This pipeline for a model of ``n_layers`` layers, ``d_model`` wide, ``ctx`` tokens."""
+    def with_model(
+        self, n_layers: int, d_model: int, ctx: int, samples_per_microbatch: int, wire_format: WireFormat = "fp32"
+    ) -> Workload:
+        """This pipeline for a model of ``n_layers`` layers, ``d_model`` wide, ``ctx`` tokens, whose
+        activations travel in ``wire_format``."""
         shape = {f.name: getattr(self, f.name) for f in fields(PipelineShape)}
         return Workload(
-            **shape, n_layers=n_layers, d_model=d_model, ctx=ctx, samples_per_microbatch=samples_per_microbatch
+            **shape, n_layers=n_layers, d_model=d_model, ctx=ctx, samples_per_microbatch=samples_per_microbatch,
+            wire_format=wire_format,
         )
 
 
@@ -63,6 +68,7 @@ class Workload(PipelineShape):
     d_model: int = field(default=1024, metadata=at_most(MAX_WIDTH, min=1))
     ctx: int = field(default=1024, metadata=at_most(MAX_CTX, min=1))
     n_layers: int = field(default=24, metadata=at_most(MAX_LAYERS, min=1))
+    wire_format: WireFormat = "fp32"  # activations/gradients on the wire: bytes per value (skippipe.costs)
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -21,6 +21,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in the run folder")
     parser.add_argument("--fresh", action="store_true", help="delete an earlier run in the run folder first")
     parser.add_argument("--until", type=int, help="stop after this iteration (a checkpoint is written there)")
+    parser.add_argument("--data", metavar="DIR", help="train on a dataset made by `skippipe prepare` (overrides [train] data)")
     parser.add_argument("--steps", type=int, help="override [train] steps")
     parser.add_argument("--plan", help="use this plan file (overrides [plan])")
     parser.add_argument("--time-scale", type=float, help="override [runtime] time_scale (real seconds per plan second)")
@@ -39,8 +40,13 @@ def run(args: argparse.Namespace) -> int:
 
     cfg = load_run_config(args.config) if args.config else load_default_run_config()
     overrides: dict[str, dict] = {}
+    train_over: dict[str, object] = {}
     if args.steps is not None:
-        overrides["train"] = {"steps": args.steps}
+        train_over["steps"] = args.steps
+    if args.data:
+        train_over["data"] = str(Path(args.data).resolve())
+    if train_over:
+        overrides["train"] = train_over
     if args.plan:
         overrides["plan"] = {"file": str(Path(args.plan).resolve())}
     runtime = {}
@@ -67,6 +73,8 @@ def _run_locked(args: argparse.Namespace, cfg: RunConfig, run_dir: Path, lock_fd
     prep = prepare(cfg, run_dir, resume=args.resume, fresh=args.fresh)
     plan = prep.plan
     rt = cfg.runtime
+    if prep.vocab_note:
+        print(prep.vocab_note)
     mode = f"emulated WAN, time scale {rt.time_scale:g}" if rt.emulate else "no emulation"
     pred = f", simulated makespan {prep.predicted_makespan_s:.2f} s" if prep.predicted_makespan_s else ""
     print(
@@ -77,7 +85,8 @@ def _run_locked(args: argparse.Namespace, cfg: RunConfig, run_dir: Path, lock_fd
         print(f"wrote {run_dir / 'plan.json'} and {prep.config_file}")
         return 0
     start = f"from step {prep.start_step} " if prep.start_step else ""
-    print(f"train: {plan.n_nodes} workers ({rt.backend}, {rt.device}, {mode}) {start}to step {args.until or prep.steps}")
+    how = f"{rt.backend}, {rt.device}, {rt.wire} on the wire, {mode}"
+    print(f"train: {plan.n_nodes} workers ({how}) {start}to step {args.until or prep.steps}")
     summary = train(prep, until=args.until, progress=not args.no_progress, lock_fd=lock_fd,
                     checkpoint_on_stop=args.checkpoint_on_stop)
     print(format_summary(summary, rt.emulate, rt.time_scale))

@@ -127,7 +127,7 @@ def build_problem(cluster: Cluster, workload: Workload, cost_model: CostModel | 
     else:
         sizes = workload.sizes_for(cluster.n)
     layers_per_stage = max(workload.layers_per_stage())
-    nbytes = activation_bytes(workload.d_model, workload.ctx, workload.samples_per_microbatch, cm.bytes_per_value)
+    nbytes = activation_bytes(workload.d_model, workload.ctx, workload.samples_per_microbatch, workload.wire_format)
     transfer = cluster.transfer_matrix(nbytes, cm.hop_overhead_s)
     forward = cluster.forward_vector(cm.t_layer_s, layers_per_stage, workload.samples_per_microbatch)
     memory = cluster.memory_vector(workload.memory)

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from skippipe.config_fields import check_fields, invalid, read_config_file, read_dataclass, to_table
+from skippipe.costs import WireFormat
 from skippipe.workload import TRAINING_SHAPE, PipelineShape, Workload
 
 POSITIVE = {"min": 1}
@@ -79,9 +80,12 @@ class PlanSection:
             if self.method not in method_names():
                 raise invalid(self, "method", f"method must be one of {', '.join(method_names())}, got {self.method!r}")
 
-    def workload(self, n_layers: int, d_model: int, ctx: int, samples: int) -> Workload:
-        """The planning workload: this table's pipeline shape with the model's dimensions."""
-        return self.shape.with_model(n_layers=n_layers, d_model=d_model, ctx=ctx, samples_per_microbatch=samples)
+    def workload(self, n_layers: int, d_model: int, ctx: int, samples: int, wire_format: WireFormat = "fp32") -> Workload:
+        """The planning workload: this table's pipeline shape with the model's dimensions and the
+        runtime's wire format (bytes per value of every hop)."""
+        return self.shape.with_model(
+            n_layers=n_layers, d_model=d_model, ctx=ctx, samples_per_microbatch=samples, wire_format=wire_format
+        )
 
 
 @dataclass(frozen=True)
@@ -98,6 +102,8 @@ class RuntimeSection:
     deterministic: bool = True  # add gradients in microbatch order: bit-for-bit reproducible runs
     timeout_s: float = field(default=120.0, metadata=ABOVE_ZERO)  # longest wait for any message or collective
     rendezvous_timeout_s: float = field(default=60.0, metadata=ABOVE_ZERO)  # longest wait for all workers to join
+    wire: WireFormat = "bf16"  # activations/gradients on the wire: "fp32", "bf16" (1/2 the bytes), "int8" (~1/4, row scales)
+    wire_error_feedback: bool = False  # int8: carry each link's rounding error into its next message
     threads_per_worker: int = field(default=1, metadata=POSITIVE)  # torch intra-op threads per worker
     master_addr: str = "127.0.0.1"  # local launch only; torchrun sets its own
     master_port: int = field(default=0, metadata={"min": 0, "max": 65535})  # 0: pick a free port
@@ -155,7 +161,12 @@ def _resolve_paths(cfg: RunConfig, base: Path) -> RunConfig:
     cluster = plan.cluster
     if Path(cluster).suffix.lower() in (".json", ".toml"):
         cluster = fix(cluster) or cluster
-    return replace(cfg, plan=replace(plan, file=fix(plan.file), cluster=cluster))
+    train = dict(cfg.train)
+    for key in ("data", "tokenizer"):  # a prepared dataset folder, a tokenizer.json file
+        value = train.get(key)
+        if isinstance(value, str) and (key == "data" or value.endswith(".json")):
+            train[key] = fix(value)
+    return replace(cfg, plan=replace(plan, file=fix(plan.file), cluster=cluster), train=train)
 
 
 DEFAULT_RUN_CONFIG = "train-tiny.toml"  # in skippipe/resources/examples, also examples/train-tiny.toml

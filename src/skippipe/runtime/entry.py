@@ -210,6 +210,7 @@ def _run(args: WorkerArgs, stop: StopRequest) -> int:
         tokenizer=data.tokenizer if node == 0 else None,
         checkpoint_every=cfg.run.checkpoint_every, keep_checkpoints=cfg.run.keep_checkpoints,
         metrics=metrics, log_every=cfg.run.log_every, timeline_iteration=cfg.run.timeline_iteration, stop=stop,
+        wire=rt.wire, wire_error_feedback=rt.wire_error_feedback,
     )
     worker = Worker(setup)
     if found is not None:

@@ -38,6 +38,7 @@ class Prepared:
     steps: int
     predicted_makespan_s: float | None  # simulator, plan seconds
     predicted_ops: list[Any] | None = None
+    vocab_note: str | None = None  # one line when the tokenizer changes the model preset's vocabulary
 
 
 @dataclass
@@ -66,7 +67,7 @@ def build_plan(cfg: RunConfig, model_cfg: Any, seq_len: int) -> Plan:
 
     train = cfg.train_config()
     cluster = load_cluster(cfg.plan.cluster)
-    workload = cfg.plan.workload(model_cfg.n_layers, model_cfg.d_model, seq_len, train.samples_per_microbatch)
+    workload = cfg.plan.workload(model_cfg.n_layers, model_cfg.d_model, seq_len, train.samples_per_microbatch, cfg.runtime.wire)
     problem = build_problem(cluster, workload)
     return make_plan(cfg.plan.method, problem, seed=cfg.plan.seed, time_limit_s=cfg.plan.time_limit_s)
 
@@ -114,7 +115,7 @@ def prepare(cfg: RunConfig, run_dir: Path, resume: bool = False, fresh: bool = F
 
     res = simulate(plan, bound=False)
     predicted, ops = (res.makespan_s if res.finished else None), res.ops
-    return Prepared(cfg, run_dir, plan, config_file, start, train.steps, predicted, ops)
+    return Prepared(cfg, run_dir, plan, config_file, start, train.steps, predicted, ops, train.vocab_note(data.vocab_size))
 
 
 def check_resume_config(cfg: RunConfig, previous: Path) -> None:

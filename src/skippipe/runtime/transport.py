@@ -2,7 +2,11 @@
 
 Header (``HEADER_LEN`` int64 values)::
 
-    [iteration, microbatch id, direction, dtype code, sent_us, ndim, shape[0], ..., shape[MAX_NDIM-1]]
+    [iteration, microbatch id, direction, dtype code, sent_us, ndim, wire code, shape[0], ..., shape[MAX_NDIM-1]]
+
+Float tensors travel in the transport's wire format (``wire.py``: fp32, bf16, or int8 with row
+scales, optionally with error feedback per stream); the receiver decodes them to float32. The
+header carries the tensor's own dtype and shape; the payload's follow from the wire code.
 
 A receiver thread takes headers from *any* peer (gloo ``recv`` with no source), checks each
 header against ``MessageBounds`` (what the plan says a message of this run can be: the
@@ -31,20 +35,23 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from skippipe.costs import WIRE_FORMATS
 from skippipe.errors import BadMessage, MessageTimeout, PeerLost
 from skippipe.runtime.faults import first_line
+from skippipe.runtime.wire import ErrorFeedback, decode, encode, payload_shape
 
 FORWARD = 0  # an activation travelling along the microbatch's path
 BACKWARD = 1  # a gradient travelling along the reverse path
 
 MAX_NDIM = 6
-HEADER_LEN = 6 + MAX_NDIM
+HEADER_LEN = 7 + MAX_NDIM
 HEADER_TAG = 11
 PAYLOAD_TAG = 12
 
 _DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64]
 _CODE = {dt: i for i, dt in enumerate(_DTYPES)}
 FLOAT_DTYPES = frozenset({torch.float32, torch.float16, torch.bfloat16})
+WIRES = list(WIRE_FORMATS)  # wire code = position
 
 
 @dataclass(frozen=True)
@@ -68,9 +75,11 @@ class Message:
     src: int = -1
     sent_at: float = 0.0  # wall clock when the sender handed it over
     arrived_at: float = 0.0  # wall clock when the payload was here
+    wire: str = "fp32"  # how ``tensor`` travels (set by the sender)
 
 
 def encode_header(msg: Message) -> torch.Tensor:
+    """The header of ``msg`` (whose ``tensor`` is still the tensor itself, not its payload)."""
     t = msg.tensor
     if t.dim() > MAX_NDIM:
         raise ValueError(f"tensor has {t.dim()} dimensions; at most {MAX_NDIM} can be sent")
@@ -78,19 +87,24 @@ def encode_header(msg: Message) -> torch.Tensor:
         raise ValueError(f"dtype {t.dtype} cannot be sent")
     shape = list(t.shape) + [0] * (MAX_NDIM - t.dim())
     sent_us = int(msg.sent_at * 1e6)
-    return torch.tensor([msg.iteration, msg.mb, msg.direction, _CODE[t.dtype], sent_us, t.dim(), *shape], dtype=torch.int64)
+    wire = WIRES.index(msg.wire) if t.is_floating_point() else 0
+    return torch.tensor(
+        [msg.iteration, msg.mb, msg.direction, _CODE[t.dtype], sent_us, t.dim(), wire, *shape], dtype=torch.int64
+    )
 
 
 def decode_header(
     h: torch.Tensor, bounds: MessageBounds | None = None, src: int | None = None
-) -> tuple[int, int, int, torch.dtype, float, list[int]]:
+) -> tuple[int, int, int, torch.dtype, float, list[int], str]:
     """The fields of a header; ``BadMessage(src)`` for a corrupt one or, with ``bounds``, for one
-    the plan does not allow."""
+    the plan does not allow (checked before anything is allocated: the payload's size follows
+    from the tensor's shape and the wire format)."""
     v = h.tolist()
-    iteration, mb, direction, code, sent_us, ndim = v[:6]
-    if direction not in (FORWARD, BACKWARD) or not 0 <= code < len(_DTYPES) or not 0 <= ndim <= MAX_NDIM:
+    iteration, mb, direction, code, sent_us, ndim, wire = v[:7]
+    bad = not 0 <= code < len(_DTYPES) or not 0 <= ndim <= MAX_NDIM or not 0 <= wire < len(WIRES)
+    if direction not in (FORWARD, BACKWARD) or bad:
         raise BadMessage(src, f"corrupt message header {v}")
-    dtype, shape = _DTYPES[code], v[6 : 6 + ndim]
+    dtype, shape = _DTYPES[code], v[7 : 7 + ndim]
     if bounds is not None:
         if tuple(shape) != bounds.shape:
             raise BadMessage(src, f"a tensor of shape {shape}; this run's messages are {list(bounds.shape)}")
@@ -100,7 +114,14 @@ def decode_header(
             raise BadMessage(src, f"microbatch {mb} is not in the plan")
         if iteration < 0:
             raise BadMessage(src, f"iteration {iteration}")
-    return iteration, mb, direction, dtype, sent_us / 1e6, shape
+    return iteration, mb, direction, dtype, sent_us / 1e6, shape, WIRES[wire]
+
+
+def payload_of(dtype: torch.dtype, shape: list[int], wire: str) -> tuple[torch.dtype, list[int]]:
+    """dtype and shape of the payload that carries a tensor of ``dtype`` and ``shape``."""
+    if not dtype.is_floating_point or wire == "fp32":
+        return dtype, shape
+    return (torch.bfloat16 if wire == "bf16" else torch.uint8), payload_shape(wire, shape)
 
 
 def _source_rank(work: dist.Work) -> int:
@@ -126,6 +147,8 @@ class Transport:
         delay: Callable[[int], float] | None = None,
         on_sent: Callable[[int, Message, float, float], None] | None = None,
         bounds: MessageBounds | None = None,
+        wire: str = "fp32",
+        error_feedback: bool = False,
     ) -> None:
         self.rank = rank
         self.header_group = header_group
@@ -137,6 +160,8 @@ class Transport:
         self.delay = delay or (lambda dst: 0.0)
         self.on_sent = on_sent
         self.bounds = bounds
+        self.wire = wire
+        self.feedback = ErrorFeedback(wire) if error_feedback and wire != "fp32" else None
         self.inbox: queue.Queue[Message | BaseException] = queue.Queue()
         self._heap: list[tuple[float, int, int, Message]] = []
         self._seq = itertools.count()
@@ -168,6 +193,7 @@ class Transport:
         msg.sent_at = time.time()
         if msg.tensor.requires_grad:
             msg.tensor = msg.tensor.detach()
+        msg.wire = self.wire
         due = time.monotonic() + max(0.0, self.delay(dst))
         with self._cond:
             heapq.heappush(self._heap, (due, next(self._seq), dst, msg))
@@ -189,9 +215,14 @@ class Transport:
                         wait = self._heap[0][0] - time.monotonic() if self._heap else None
                         self._cond.wait(wait)
                 handed_over = time.time()
-                payload = msg.tensor.contiguous()
+                header = encode_header(msg)
+                if self.feedback is not None:
+                    payload = self.feedback.encode((dst, msg.direction, msg.mb), msg.tensor)
+                else:
+                    payload = encode(msg.tensor, msg.wire)
+                payload = payload.contiguous()
                 payload = payload.cpu() if self.payload_on_cpu else payload.to(self.device)
-                dist.send(encode_header(msg), dst, group=self.header_group, tag=HEADER_TAG)
+                dist.send(header, dst, group=self.header_group, tag=HEADER_TAG)
                 dist.send(payload, dst, group=self.payload_group, tag=PAYLOAD_TAG)
                 if self.on_sent is not None:
                     self.on_sent(dst, msg, handed_over, time.time())
@@ -239,11 +270,14 @@ class Transport:
                 work = dist.irecv(h, group=self.header_group, tag=HEADER_TAG)
                 self._wait(work, None, "message")
                 src = _source_rank(work)
-                iteration, mb, direction, dtype, sent_at, shape = decode_header(h, self.bounds, src)
+                iteration, mb, direction, dtype, sent_at, shape, wire = decode_header(h, self.bounds, src)
                 device = torch.device("cpu") if self.payload_on_cpu else self.device
-                t = torch.empty(shape, dtype=dtype, device=device)
+                p_dtype, p_shape = payload_of(dtype, shape, wire)
+                t = torch.empty(p_shape, dtype=p_dtype, device=device)
                 work = dist.irecv(t, src=src, group=self.payload_group, tag=PAYLOAD_TAG)
                 self._wait(work, src, "payload")
+                if dtype.is_floating_point:
+                    t = decode(t, wire, shape).to(dtype)
                 t = t.to(self.device)
                 self.inbox.put(Message(iteration, mb, direction, t, src=src, sent_at=sent_at, arrived_at=time.time()))
         except (PeerLost, MessageTimeout, BadMessage) as exc:

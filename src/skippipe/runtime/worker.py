@@ -19,10 +19,8 @@ Stopping: a stop request (SIGTERM/SIGINT, ``StopRequest``) is agreed on by all w
 end-of-iteration all-reduce, so every worker stops after the same iteration (and, when asked,
 writes a checkpoint there first).
 
-Errors are typed (``skippipe.errors``): bad input is a ``UserError`` (exit 2); a lost peer
-(``PeerLost``), a timeout (``MessageTimeout``, naming the nodes this one waited for), a message
-the plan does not allow (``BadMessage``) or a non-finite loss, gradient norm, learning rate or
-weights (``TrainingDiverged``) stop the worker with exit 3.
+Errors are typed (``skippipe.errors``): ``PeerLost``, ``MessageTimeout`` (naming the nodes this
+one waited for), ``BadMessage`` and ``TrainingDiverged`` (non-finite loss, norm, lr or weights).
 """
 
 from __future__ import annotations
@@ -98,6 +96,8 @@ class WorkerSetup:
     timeline_iteration: int = -1  # 1-based iteration whose timeline is kept whatever happens (-1: none)
     timeline: list[dict[str, Any]] = field(default_factory=list)
     stop: StopRequest = field(default_factory=StopRequest)
+    wire: str = "fp32"  # activations/gradients on the wire (skippipe.runtime.wire)
+    wire_error_feedback: bool = False
 
 
 @dataclass
@@ -150,7 +150,7 @@ class Worker:
             device=setup.device,
             timeout_s=setup.timeout_s,
             delay=lambda dst: setup.emulation.link_delay_s(self.node, dst),
-            bounds=bounds,
+            bounds=bounds, wire=setup.wire, error_feedback=setup.wire_error_feedback,
         )
 
     # ------------------------------------------------------------------ one iteration
@@ -161,7 +161,7 @@ class Worker:
         assert self.s.tokens is not None
         starts = microbatch_starts(
             self.s.plan, mb_id, iteration, len(self.s.tokens), self.seq_len, cfg.samples_per_microbatch,
-            seed=cfg.seed, sharding=cfg.sharding,
+            seed=cfg.seed, sharding=cfg.sharding, sampling=cfg.resolved_sampling(),
         )
         x, y = windows(self.s.tokens, starts, self.seq_len)
         return torch.from_numpy(x).to(self.s.device), torch.from_numpy(y).to(self.s.device)

@@ -43,11 +43,13 @@ class TrainConfig:
     # model: a preset plus overrides; vocab_size is always taken from the tokenizer
     model: dict[str, Any] = field(default_factory=lambda: {"preset": "tiny"})
     # data
+    data: str | None = None  # a folder made by `skippipe prepare` (then corpus, tokenizer, vocab_size are unused)
     corpus: tuple[Corpus, ...] = field(default=CORPORA, metadata={"min_len": 1})
-    tokenizer: Literal["bpe", "bytes"] = "bpe"  # "bpe" (trained on the corpus, cached) or "bytes"
-    vocab_size: int = field(default=4096, metadata=at_most(MAX_VOCAB, min=1))  # BPE vocabulary size
+    tokenizer: str = "bpe"  # "bpe" (trained on the corpus, cached), "bytes", "gpt2" or a tokenizer.json path
+    vocab_size: int = field(default=0, metadata=at_most(MAX_VOCAB, min=0))  # BPE vocabulary size; 0: the model preset's
     val_fraction: float = field(default=0.05, metadata={"gt": 0, "lt": 0.5})  # the tail of every document goes to validation
     sharding: Literal["stream", "node"] = "stream"  # "stream": one global sample stream; "node": each data node its shard
+    sampling: Literal["auto", "random", "epoch"] = "auto"  # "epoch": each window once per epoch; auto: epoch with `data`
     samples_per_microbatch: int = field(default=4, metadata=at_most(MAX_SAMPLES, min=1))
     seq_len: int = field(default=0, metadata=at_most(MAX_CTX, min=0))  # tokens per sample; 0 = the model's context
     # optimisation
@@ -72,13 +74,37 @@ class TrainConfig:
         check_fields(self)
         if not self.min_lr <= self.lr:
             raise invalid(self, "min_lr", f"need 0 < lr and 0 <= min_lr <= lr (lr={self.lr}, min_lr={self.min_lr})")
-        if self.tokenizer == "bpe" and self.vocab_size <= 256:
+        if self.tokenizer not in ("bpe", "bytes", "gpt2") and not self.tokenizer.endswith(".json"):
+            raise invalid(self, "tokenizer", f"must be 'bpe', 'bytes', 'gpt2' or a tokenizer.json path, got {self.tokenizer!r}")
+        if self.tokenizer == "bpe" and 0 < self.vocab_size <= 256:
             raise invalid(self, "vocab_size", f"a BPE vocabulary needs more than 256 entries, got {self.vocab_size}")
         model_config_from_dict(self.model, where="train: model")  # validate early
 
     def model_config(self, vocab_size: int) -> ModelConfig:
-        """The model this run trains, with the tokenizer's vocabulary size."""
-        return model_config_from_dict({**self.model, "vocab_size": vocab_size}, where="train: model")
+        """The model this run trains: its vocabulary follows the tokenizer (``vocab_size``), or a
+        ``[model] vocab_size`` at least that large (e.g. padded to a multiple of 64)."""
+        asked = self.model.get("vocab_size")
+        if asked is not None and asked < vocab_size:
+            raise ConfigError(f"[model] vocab_size = {asked} is smaller than the tokenizer's {vocab_size} tokens", where="train")
+        return model_config_from_dict({**self.model, "vocab_size": asked or vocab_size}, where="train: model")
+
+    def vocab_note(self, vocab_size: int) -> str | None:
+        """One line when the tokenizer changes the model preset's vocabulary size, else None."""
+        base = model_config_from_dict(self.model, where="train: model")
+        model = self.model_config(vocab_size)
+        if base.vocab_size == model.vocab_size:
+            return None
+        return (
+            f"model: preset {self.model.get('preset', 'tiny')!r} has a vocabulary of {base.vocab_size:,}; it follows the "
+            f"tokenizer's {model.vocab_size:,} ({base.num_params() / 1e6:,.1f} M -> {model.num_params() / 1e6:,.1f} M parameters)"
+        )
+
+    def bpe_vocab_size(self) -> int:
+        """Entries of the BPE trained on the corpus: ``vocab_size``, else the model preset's."""
+        return self.vocab_size or model_config_from_dict(self.model, where="train: model").vocab_size
+
+    def resolved_sampling(self) -> str:
+        return self.sampling if self.sampling != "auto" else ("epoch" if self.data else "random")
 
     def tokens_per_sample(self, model: ModelConfig) -> int:
         return self.seq_len or model.ctx
