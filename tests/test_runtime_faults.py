@@ -76,7 +76,7 @@ def test_train_with_a_missing_plan_file_or_bad_config(tmp_path):
     cfg.write_text(json.dumps(data))
     out = _skippipe("train", str(cfg), "--no-progress")
     assert out.returncode == 2 and _error_lines(out.stderr) == [
-        "skippipe train: error: runtime: time_scale must be > 0, got -1.0"
+        f"skippipe train: error: {cfg} [runtime]: time_scale must be > 0, got -1.0"
     ]
 
 
