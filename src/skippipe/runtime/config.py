@@ -106,8 +106,13 @@ class RuntimeSection:
     master_addr: str = "127.0.0.1"  # local launch only; torchrun sets its own
     master_port: int = 0  # 0: pick a free port
     start_method: str = "forkserver"  # local launch: "forkserver" (fast start) or "exec" (as torchrun)
+    on_failure: str = "stop"  # a worker dies or goes silent: "stop" the run, or "continue" with the survivors
+    max_failures: int = 1  # with on_failure = "continue": failures survived before the run stops
 
     def __post_init__(self) -> None:
+        if self.on_failure not in ("stop", "continue"):
+            raise UserError(f"runtime: on_failure must be 'stop' or 'continue', got {self.on_failure!r}")
+        _at_least(self, "max_failures", 0)
         if self.backend not in ("gloo", "nccl"):
             raise UserError(f"runtime: backend must be 'gloo' or 'nccl', got {self.backend!r}")
         if not (self.device == "cpu" or self.device.startswith("cuda")):

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
-from skippipe.errors import RunInterrupted, UserError, signal_name
+from skippipe.errors import BadMessage, MessageTimeout, PeerLost, RunInterrupted, UserError, signal_name
 from skippipe.planfile import Plan
 from skippipe.runtime.faults import EXIT_OK, EXIT_RUN, FaultKind, StopRequest, WorkerStatus, status_of, write_status
 
@@ -158,6 +158,7 @@ def _run(args: WorkerArgs, stop: StopRequest) -> int:
     from skippipe.runtime import process_group as pg
     from skippipe.runtime.config import load_run_config
     from skippipe.runtime.emulation import Emulation
+    from skippipe.runtime.handoff import hand_off, handoff_dir
     from skippipe.runtime.metrics import MetricsWriter, truncate_metrics
     from skippipe.runtime.worker import Worker, WorkerSetup
 
@@ -210,6 +211,7 @@ def _run(args: WorkerArgs, stop: StopRequest) -> int:
         tokenizer=data.tokenizer if node == 0 else None,
         checkpoint_every=cfg.run.checkpoint_every, keep_checkpoints=cfg.run.keep_checkpoints,
         metrics=metrics, log_every=cfg.run.log_every, timeline_iteration=cfg.run.timeline_iteration, stop=stop,
+        elastic=handoff_dir() is not None,
     )
     worker = Worker(setup)
     if found is not None:
@@ -219,6 +221,13 @@ def _run(args: WorkerArgs, stop: StopRequest) -> int:
         stop.deferred = True
         try:
             stats = worker.run(start, train_cfg.steps, args.until)
+        except (PeerLost, MessageTimeout, BadMessage):
+            folder = handoff_dir()
+            if folder is not None and worker.snapshot is not None:  # elastic: hand this stage's state over
+                steps = hand_off(folder, node, worker.stage_index, worker.stage, worker.optimizer, worker.steps,
+                                 worker.snapshot, worker.losses_so_far)
+                _log(f"handed over stage {worker.stage_index} at step(s) {steps} to {folder}")
+            raise
         finally:
             stop.deferred = False
         worker.write_timeline()

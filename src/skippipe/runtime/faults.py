@@ -49,6 +49,9 @@ class FaultKind(StrEnum):
     CRASH = "crash"  # anything else: a bug or a library error (exit 1, traceback in the log)
 
 
+# a node's faults that elastic recovery continues after (the node is dropped from the plan)
+RECOVERABLE = (FaultKind.CRASH, FaultKind.PEER_LOST, FaultKind.MESSAGE_TIMEOUT)
+
 # faults that point at another node: the peer, not the reporter, is the suspect
 POINTS_AT_PEER = (FaultKind.PEER_LOST, FaultKind.MESSAGE_TIMEOUT, FaultKind.BAD_MESSAGE)
 
