@@ -126,6 +126,7 @@ def recover(run_dir: Path, plan: Plan, lost: NodeLost, round_index: int, keep: i
             write_meta: Callable[[Path, Plan, int], None]) -> tuple[Plan, Failure]:
     """After ``NodeLost`` in round ``round_index``: the new plan (saved as ``RUN/plan.json``),
     the recovery checkpoint, and the failure's record."""
+    keep_logs(run_dir, round_index)
     handoffs = read_handoffs(round_dir(run_dir, round_index))
     assert lost.node is not None
     gone = {lost.node} | {n for n in range(plan.n_nodes) if n not in handoffs}
@@ -147,6 +148,15 @@ def recover(run_dir: Path, plan: Plan, lost: NodeLost, round_index: int, keep: i
         makespan_sim_after_s=after.makespan_s if after.finished else None,
     )
     return new_plan, fail
+
+
+def keep_logs(run_dir: Path, index: int) -> None:
+    """Move the round's worker logs and statuses to ``elastic/round-K/logs`` (the next round
+    writes its own under ``logs/``)."""
+    dest = round_dir(run_dir, index) / "logs"
+    dest.mkdir(parents=True, exist_ok=True)
+    for f in sorted((run_dir / "logs").glob("node-*")):
+        f.replace(dest / f.name)
 
 
 def round_dir(run_dir: Path, index: int) -> Path:

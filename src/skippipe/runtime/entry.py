@@ -36,7 +36,16 @@ from types import FrameType
 
 from skippipe.errors import BadMessage, MessageTimeout, PeerLost, RunInterrupted, UserError, signal_name
 from skippipe.planfile import Plan
-from skippipe.runtime.faults import EXIT_OK, EXIT_RUN, FaultKind, StopRequest, WorkerStatus, status_of, write_status
+from skippipe.runtime.faults import (
+    EXIT_OK,
+    EXIT_RUN,
+    RECOVERY_SIGNAL,
+    FaultKind,
+    StopRequest,
+    WorkerStatus,
+    status_of,
+    write_status,
+)
 
 LIFELINE_ENV = "SKIPPIPE_LIFELINE_FD"
 
@@ -81,6 +90,8 @@ def run_worker(args: WorkerArgs) -> int:
     _watch_lifeline()
     stop = StopRequest(checkpoint=args.checkpoint_on_stop)
     _install_stop_handlers(stop)
+    if os.environ.get("SKIPPIPE_HANDOFF_DIR"):
+        _install_recovery_handler()
     try:
         _run(args, stop)
         exc: BaseException | None = None
@@ -115,6 +126,22 @@ def _install_stop_handlers(stop: StopRequest) -> None:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, handler)
+
+
+def _install_recovery_handler() -> None:
+    """Elastic recovery: the launcher's ``RECOVERY_SIGNAL`` (another node failed) raises
+    ``PeerLost`` once, wherever the worker waits; the worker then hands its state over
+    (``handoff.py``: a step it cuts short is never handed over)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    fired = {"done": False}
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        if not fired["done"]:
+            fired["done"] = True
+            raise PeerLost(None, "the launcher stopped this worker for recovery (another node failed)")
+
+    signal.signal(RECOVERY_SIGNAL, handler)
 
 
 def _watch_lifeline() -> None:

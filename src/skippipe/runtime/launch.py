@@ -42,7 +42,7 @@ from types import FrameType
 from skippipe.errors import NodeLost, RunFailed, RunInterrupted, UserError, signal_name
 from skippipe.fileio import atomic_write_text
 from skippipe.runtime.entry import LIFELINE_ENV, WorkerArgs
-from skippipe.runtime.faults import RECOVERABLE, STATUS_ENV, Ended, Verdict, read_status, verdict
+from skippipe.runtime.faults import RECOVERABLE, RECOVERY_SIGNAL, STATUS_ENV, Ended, Verdict, read_status, verdict
 
 START_METHODS = ("forkserver", "exec")
 PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "torch.optim", "skippipe.runtime.entry", "skippipe.runtime.worker",
@@ -306,12 +306,15 @@ def _write_pids(logs: Path, workers: list[WorkerProc]) -> None:
 
 
 def _drain(workers: list[WorkerProc], found: Verdict, seen_at: float, drain_s: float) -> NodeLost:
-    """Elastic recovery: kill the failed node, let the others hand over their state and exit."""
+    """Elastic recovery: kill the failed node, ask the others (``RECOVERY_SIGNAL``) to stop, hand
+    over their state and exit."""
     assert found.node is not None
     decided_at = time.time()
     failed = workers[found.node]
     if failed.proc.poll() is None:
         failed.proc.kill()
+        failed.proc.wait()
+    _signal_all(workers, RECOVERY_SIGNAL)
     _wait_all(workers, drain_s)
     return NodeLost(found.message, found.node, found.kind.value, seen_at, decided_at, time.time())
 
