@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from runtime_fixtures import write_config
 from skippipe.runtime import checkpoint as ckpt
@@ -137,3 +139,35 @@ def test_sigterm_without_checkpoint_on_stop_writes_none(tmp_path):
     assert err.strip().splitlines()[-1] == "skippipe train: error: stopped by SIGTERM; no checkpoint written on the way out"
     assert ckpt.latest(run) is None
     assert _wait_gone(list(pids.values())) == []
+
+
+def test_diverged_training_stops_with_one_line_and_no_non_finite_checkpoint(tmp_path):
+    from safetensors.torch import load_file
+
+    plan = full_plan(num_stages=2, chains=1, m=2, n_layers=4, samples=2, d_model=32, ctx=16)
+    cfg = write_config(tmp_path, plan, steps=6, train={"lr": 1e12}, run={"checkpoint_every": 1, "keep_checkpoints": 10})
+    out = subprocess.run([sys.executable, "-m", "skippipe.cli", "train", str(cfg), "--no-progress"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 3
+    errors = [line for line in out.stderr.splitlines() if "error" in line]
+    assert len(errors) == 1 and "Traceback" not in out.stderr
+    assert re.fullmatch(r"skippipe train: error: training diverged at iteration (\d+): the (loss|gradient norm) is (nan|inf); "
+                        r"stopped without writing it to a checkpoint", errors[0])
+    run = tmp_path / "run"
+    diverged_at = int(re.search(r"iteration (\d+)", errors[0]).group(1))
+    written = ckpt.list_checkpoints(run)
+    assert [ckpt.verify(f).step for f in written] == list(range(1, diverged_at))
+    for folder in written:
+        for file in folder.glob("stage-*.safetensors"):
+            assert all(bool(torch.isfinite(t).all()) for t in load_file(file).values())
+    # resuming it with another model is refused, naming the key, before any worker starts
+    data = json.loads(cfg.read_text())
+    data["model"]["ctx"] = 32
+    cfg.write_text(json.dumps(data))
+    out = subprocess.run([sys.executable, "-m", "skippipe.cli", "train", str(cfg), "--resume", "--no-progress"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == [
+        f"skippipe train: error: --resume: [model] ctx is 32 now but 16 in {run / 'config.json'}; "
+        "resume with the run's setting or start over with --fresh"
+    ]

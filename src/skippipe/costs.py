@@ -1,6 +1,7 @@
 """The per-microbatch cost model of SkipPipe (DESIGN §2), every constant a parameter.
 
 forward on a node     w = t_layer * layers_per_stage * samples / compute_speed
+t_layer of a model    t_ref * layer_flops(d_model, ctx) / layer_flops(1024, 1024)   (no profile)
 backward              backward_factor * w
 head + loss           loss_factor * w            (on the data node)
 transfer i -> j       latency/1000 + bytes / (1024**3 * bandwidth) + hop_overhead
@@ -45,7 +46,7 @@ class OpCostRule:
 
 @dataclass(frozen=True)
 class CostModel(OpCostRule):
-    t_layer_s: float = 0.055  # forward seconds per sample per layer on a speed-1.0 node
+    t_layer_s: float = 0.055  # forward seconds per sample per layer (of its model) on a speed-1.0 node
     bytes_per_value: int = 4  # fp32 activations
     hop_overhead_s: float = 0.35  # fixed cost of every inter-node send
     backward_factor: float = BACKWARD_FACTOR
@@ -62,6 +63,32 @@ class CostModel(OpCostRule):
                 raise ValueError(f"cost model: {name} must be >= 0")
         if self.bytes_per_value <= 0:
             raise ValueError("cost model: bytes_per_value must be > 0")
+
+
+# The layer the tables' compute constants (``compute_s_per_sample_per_layer``) were taken on: one
+# block of the LLaMA-500M layout (width 1024, context 1024, SwiGLU hidden width 4 x 1024).
+REFERENCE_D_MODEL = 1024
+REFERENCE_CTX = 1024
+
+
+def layer_flops(d_model: int, ctx: int, ffn_dim: int | None = None) -> float:
+    """Forward FLOPs of one decoder block for one sample of ``ctx`` tokens.
+
+    Matrix multiplications cost 2 FLOPs per weight per token: attention projections ``4 d^2``,
+    SwiGLU ``3 d ffn`` (``ffn = 4 d`` unless given); attention scores and their weighted sum
+    ``4 ctx d`` per token.
+    """
+    if d_model < 1 or ctx < 1 or (ffn_dim is not None and ffn_dim < 1):
+        raise ValueError("layer_flops: d_model, ctx and ffn_dim must be >= 1")
+    ffn = 4 * d_model if ffn_dim is None else ffn_dim
+    weights = 4 * d_model * d_model + 3 * d_model * ffn
+    return float(ctx) * (2.0 * weights + 4.0 * ctx * d_model)
+
+
+def scaled_t_layer(t_reference_s: float, d_model: int, ctx: int, ffn_dim: int | None = None) -> float:
+    """Seconds per sample of one layer of the given shape, from the constant measured on the
+    reference layer: scaled by the ratio of their FLOPs."""
+    return t_reference_s * layer_flops(d_model, ctx, ffn_dim) / layer_flops(REFERENCE_D_MODEL, REFERENCE_CTX)
 
 
 def activation_bytes(d_model: int, ctx: int, samples: int, bytes_per_value: int = 4) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -53,6 +54,7 @@ class Summary:
     checkpoint: Path | None
     timeline_png: Path | None
     records: list[dict[str, Any]] = field(default_factory=list)
+    drift: list[Any] = field(default_factory=list)  # DriftEvents: measured makespan away from the prediction
     failures: list[Any] = field(default_factory=list)  # elastic.Failure, one per failure survived
 
 
@@ -135,11 +137,15 @@ def check_resume_config(cfg: RunConfig, previous: Path) -> None:
                 raise ResumeMismatch(f"[{table}] {key}", new.get(key), old.get(key), str(previous))
 
 
-def train(prep: Prepared, until: int | None = None, progress: bool = True, lock_fd: int | None = None,
+def train(prep: Prepared, until: int | None = None, progress: bool = True, drift: Any = None, lock_fd: int | None = None,
           checkpoint_on_stop: bool = False) -> Summary:
-    """Launch one worker per plan node here, show progress, summarise."""
+    """Launch one worker per plan node here, show progress, summarise. ``drift``: a
+    ``DriftMonitor`` fed every metrics record (default: one on the plan's predicted makespan
+    that prints each drift it finds). ``lock_fd``: the run folder's lock, shared with the
+    workers; ``checkpoint_on_stop``: SIGINT/SIGTERM write a checkpoint before the run stops."""
     from tqdm import tqdm
 
+    from skippipe.runtime.drift import DriftMonitor
     from skippipe.runtime.entry import WorkerArgs
     from skippipe.runtime.launch import launch_local
 
@@ -151,18 +157,24 @@ def train(prep: Prepared, until: int | None = None, progress: bool = True, lock_
     args = WorkerArgs(str(prep.config_file), run_dir=str(run_dir), resume=prep.start_step > 0, until=until,
                       checkpoint_on_stop=checkpoint_on_stop)
     bar = tqdm(total=end - prep.start_step, desc="train", unit="it", disable=not progress, dynamic_ncols=True)
-    seen = {"n": 0}
+    seen: dict[str, Any] = {}
     path = run_dir / METRICS_FILE
+    if drift is None and prep.predicted_makespan_s:
+        drift = DriftMonitor(prep.predicted_makespan_s, on_drift=lambda e: tqdm.write(f"drift: {e.describe()}", file=sys.stderr))
 
     def poll() -> bool:
         if not path.is_file():
             return False
         recs = read_metrics(run_dir)
-        if not recs or recs[-1] == seen.get("last"):
+        prev = seen.get("last")
+        if not recs or recs[-1] == prev:
             return False
+        new = recs[recs.index(prev) + 1:] if prev in recs else [r for r in recs if int(r["iteration"]) > prep.start_step]
         seen["last"] = last = recs[-1]
         bar.set_postfix(it=last["iteration"], loss=f"{last['loss']:.4f}", iter_s=f"{last['iter_s']:.2f}", refresh=False)
         bar.update(max(0, int(last["iteration"]) - prep.start_step) - bar.n)  # goes back after a recovery
+        if drift is not None:
+            drift.observe_records(new)
         return True
 
     t0 = time.monotonic()
@@ -187,6 +199,7 @@ def train(prep: Prepared, until: int | None = None, progress: bool = True, lock_
         bar.close()
     wall = time.monotonic() - t0
     summary = summarize(prep, wall, end)
+    summary.drift = list(drift.events) if drift is not None else []
     summary.failures = failures
     return summary
 

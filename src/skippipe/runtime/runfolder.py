@@ -4,7 +4,7 @@
   uses. A folder is ours when it holds it. ``--fresh`` deletes only the project's outputs
   (``RUN_OUTPUTS``) and only in a folder that is ours; a folder that holds any of those names
   but no marker is refused as a whole (nothing in it deleted or overwritten).
-- ``.skippipe.lock`` (``LOCK``): ``skippipe train`` holds an exclusive ``flock`` on it for the
+- ``.skippipe.lock`` (``LOCK``, empty): ``skippipe train`` holds an exclusive ``flock`` on it for the
   whole run, and its workers inherit the lock, so the folder stays locked until the last of them
   is gone. The kernel releases the lock when the processes end however they end (even SIGKILL):
   a crashed run never leaves the folder stuck. A second run in the folder gets ``RunLocked``.
@@ -91,7 +91,7 @@ def clean_partials(run_dir: Path) -> list[Path]:
 
 
 class RunLock:
-    """An exclusive ``flock`` on ``RUN/.skippipe.lock`` (holder's pid written in the file).
+    """An exclusive ``flock`` on ``RUN/.skippipe.lock`` (the holder's pid is read from ``/proc/locks``).
 
     ``fd`` may be handed to worker processes: they then share the lock, which lasts until the
     last holder is gone."""
@@ -106,12 +106,10 @@ class RunLock:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = _read_pid(fd)
+            holder = _holder_pid(fd)
             os.close(fd)
             raise RunLocked(str(self.run_dir), holder) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        self.fd = fd
+        self.fd = fd  # the file itself is never written: taking the lock changes nothing in the folder
         return self
 
     def release(self) -> None:
@@ -126,12 +124,19 @@ class RunLock:
         self.release()
 
 
-def _read_pid(fd: int) -> int | None:
+def _holder_pid(fd: int) -> int | None:
+    """The process that took the ``flock`` on ``fd``'s file (Linux ``/proc/locks``), if known."""
     try:
-        text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
-        return int(text) if text.isdigit() else None
+        st = os.fstat(fd)
+        lines = Path("/proc/locks").read_text().splitlines()
     except OSError:
         return None
+    dev = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    for line in lines:
+        parts = line.split()
+        if len(parts) >= 6 and parts[1] == "FLOCK" and parts[5] == dev and parts[4].isdigit():
+            return int(parts[4])
+    return None
 
 
 def lock_run_folder(run_dir: Path) -> RunLock:
