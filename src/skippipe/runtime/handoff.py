@@ -1,6 +1,6 @@
 """A worker's side of elastic recovery: keep the pre-step state, hand it over when a peer is lost.
 
-Consistency rule (``docs/failures-elastic.md``): the replicas of a stage hold the same weights
+Consistency rule (``docs/runtime.md``, elastic recovery): the replicas of a stage hold the same weights
 after every step (they apply the same summed gradient), and every worker keeps, beside its
 current state (``steps`` optimizer steps applied), a copy of its state before the last step
 (``StepSnapshot``). All workers meet at the barrier that starts every iteration, so at any
