@@ -122,6 +122,29 @@ class RunFailed(RunError):
         super().__init__(message)
 
 
+class NodeLost(RunFailed):
+    """A worker died or went silent and the run may go on without it (``[runtime] on_failure =
+    "continue"``): the launcher stopped the others, which handed their state over. ``seen_at``,
+    ``decided_at``, ``drained_at``: wall-clock times (failure first seen, node named, every other
+    worker gone)."""
+
+    def __init__(self, message: str, node: int, kind: str, seen_at: float, decided_at: float, drained_at: float) -> None:
+        super().__init__(message, node=node, kind=kind)
+        self.seen_at = seen_at
+        self.decided_at = decided_at
+        self.drained_at = drained_at
+
+
+class StageLost(RunError):
+    """Every node of a stage is gone: no survivor holds its state (recovery refuses)."""
+
+    def __init__(self, stage: int, nodes: list[int]) -> None:
+        self.stage = stage
+        self.nodes = nodes
+        super().__init__(f"stage {stage} has no node left (its nodes {nodes} failed); recovering a stage from the last "
+                         "checkpoint is not supported: stopped")
+
+
 class RunInterrupted(SkipPipeError):
     """A run stopped by a signal (SIGINT, SIGTERM); exit code 128 + the signal's number."""
 

@@ -109,6 +109,8 @@ class RuntimeSection:
     master_port: int = field(default=0, metadata={"min": 0, "max": 65535})  # 0: pick a free port
     # local launch: "forkserver" (fast start) or "exec" (as torchrun)
     start_method: Literal["forkserver", "exec"] = "forkserver"
+    on_failure: Literal["stop", "continue"] = "stop"  # a worker dies or goes silent: stop, or go on with the survivors
+    max_failures: int = field(default=1, metadata={"min": 0})  # with on_failure = "continue": failures survived
 
     def __post_init__(self) -> None:
         check_fields(self)

@@ -34,9 +34,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
-from skippipe.errors import RunInterrupted, UserError, signal_name
+from skippipe.errors import BadMessage, MessageTimeout, PeerLost, RunInterrupted, UserError, signal_name
 from skippipe.planfile import Plan
-from skippipe.runtime.faults import EXIT_OK, EXIT_RUN, FaultKind, StopRequest, WorkerStatus, status_of, write_status
+from skippipe.runtime.faults import (
+    EXIT_OK,
+    EXIT_RUN,
+    RECOVERY_SIGNAL,
+    FaultKind,
+    StopRequest,
+    WorkerStatus,
+    status_of,
+    write_status,
+)
 
 LIFELINE_ENV = "SKIPPIPE_LIFELINE_FD"
 
@@ -81,6 +90,8 @@ def run_worker(args: WorkerArgs) -> int:
     _watch_lifeline()
     stop = StopRequest(checkpoint=args.checkpoint_on_stop)
     _install_stop_handlers(stop)
+    if os.environ.get("SKIPPIPE_HANDOFF_DIR"):
+        _install_recovery_handler()
     try:
         _run(args, stop)
         exc: BaseException | None = None
@@ -115,6 +126,22 @@ def _install_stop_handlers(stop: StopRequest) -> None:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, handler)
+
+
+def _install_recovery_handler() -> None:
+    """Elastic recovery: the launcher's ``RECOVERY_SIGNAL`` (another node failed) raises
+    ``PeerLost`` once, wherever the worker waits; the worker then hands its state over
+    (``handoff.py``: a step it cuts short is never handed over)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    fired = {"done": False}
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        if not fired["done"]:
+            fired["done"] = True
+            raise PeerLost(None, "the launcher stopped this worker for recovery (another node failed)")
+
+    signal.signal(RECOVERY_SIGNAL, handler)
 
 
 def _watch_lifeline() -> None:
@@ -158,6 +185,7 @@ def _run(args: WorkerArgs, stop: StopRequest) -> int:
     from skippipe.runtime import process_group as pg
     from skippipe.runtime.config import load_run_config
     from skippipe.runtime.emulation import Emulation
+    from skippipe.runtime.handoff import hand_off, handoff_dir
     from skippipe.runtime.metrics import MetricsWriter, truncate_metrics
     from skippipe.runtime.worker import Worker, WorkerSetup
 
@@ -211,6 +239,7 @@ def _run(args: WorkerArgs, stop: StopRequest) -> int:
         checkpoint_every=cfg.run.checkpoint_every, keep_checkpoints=cfg.run.keep_checkpoints,
         metrics=metrics, log_every=cfg.run.log_every, timeline_iteration=cfg.run.timeline_iteration, stop=stop,
         wire=rt.wire, wire_error_feedback=rt.wire_error_feedback,
+        elastic=handoff_dir() is not None,
     )
     worker = Worker(setup)
     if found is not None:
@@ -220,6 +249,13 @@ def _run(args: WorkerArgs, stop: StopRequest) -> int:
         stop.deferred = True
         try:
             stats = worker.run(start, train_cfg.steps, args.until)
+        except (PeerLost, MessageTimeout, BadMessage):
+            folder = handoff_dir()
+            if folder is not None and worker.snapshot is not None:  # elastic: hand this stage's state over
+                steps = hand_off(folder, node, worker.stage_index, worker.stage, worker.optimizer, worker.steps,
+                                 worker.snapshot, worker.losses_so_far)
+                _log(f"handed over stage {worker.stage_index} at step(s) {steps} to {folder}")
+            raise
         finally:
             stop.deferred = False
         worker.write_timeline()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
@@ -48,6 +49,12 @@ class FaultKind(StrEnum):
     LAUNCHER_GONE = "launcher_gone"  # the local launcher died (exit 3)
     CRASH = "crash"  # anything else: a bug or a library error (exit 1, traceback in the log)
 
+
+# a node's faults that elastic recovery continues after (the node is dropped from the plan)
+RECOVERABLE = (FaultKind.CRASH, FaultKind.PEER_LOST, FaultKind.MESSAGE_TIMEOUT)
+
+# elastic recovery: the launcher asks the survivors to stop and hand their state over
+RECOVERY_SIGNAL = signal.SIGUSR1
 
 # faults that point at another node: the peer, not the reporter, is the suspect
 POINTS_AT_PEER = (FaultKind.PEER_LOST, FaultKind.MESSAGE_TIMEOUT, FaultKind.BAD_MESSAGE)

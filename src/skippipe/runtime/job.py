@@ -12,11 +12,12 @@ import json
 import math
 import sys
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from skippipe.errors import ResumeMismatch, UserError
+from skippipe.errors import NodeLost, ResumeMismatch, RunFailed, StageLost, UserError
 from skippipe.fileio import atomic_write_text
 from skippipe.planfile import Plan, load_plan, save_plan
 from skippipe.runtime import checkpoint as ckpt
@@ -55,6 +56,7 @@ class Summary:
     timeline_png: Path | None
     records: list[dict[str, Any]] = field(default_factory=list)
     drift: list[Any] = field(default_factory=list)  # DriftEvents: measured makespan away from the prediction
+    failures: list[Any] = field(default_factory=list)  # elastic.Failure, one per failure survived
 
 
 def build_plan(cfg: RunConfig, model_cfg: Any, seq_len: int) -> Plan:
@@ -156,7 +158,7 @@ def train(prep: Prepared, until: int | None = None, progress: bool = True, drift
     args = WorkerArgs(str(prep.config_file), run_dir=str(run_dir), resume=prep.start_step > 0, until=until,
                       checkpoint_on_stop=checkpoint_on_stop)
     bar = tqdm(total=end - prep.start_step, desc="train", unit="it", disable=not progress, dynamic_ncols=True)
-    seen = {"n": 0}
+    seen: dict[str, Any] = {}
     path = run_dir / METRICS_FILE
     if drift is None and prep.predicted_makespan_s:
         drift = DriftMonitor(prep.predicted_makespan_s, on_drift=lambda e: tqdm.write(f"drift: {e.describe()}", file=sys.stderr))
@@ -164,34 +166,95 @@ def train(prep: Prepared, until: int | None = None, progress: bool = True, drift
     def poll() -> bool:
         if not path.is_file():
             return False
-        recs = [r for r in read_metrics(run_dir) if int(r.get("iteration", 0)) > prep.start_step]
-        new = recs[seen["n"]:]
-        if not new:
+        recs = read_metrics(run_dir)
+        prev = seen.get("last")
+        if not recs or recs[-1] == prev:
             return False
-        seen["n"] = len(recs)
-        last = new[-1]
+        new = recs[recs.index(prev) + 1:] if prev in recs else [r for r in recs if int(r["iteration"]) > prep.start_step]
+        seen["last"] = last = recs[-1]
         bar.set_postfix(it=last["iteration"], loss=f"{last['loss']:.4f}", iter_s=f"{last['iter_s']:.2f}", refresh=False)
-        bar.update(len(new))
+        bar.update(max(0, int(last["iteration"]) - prep.start_step) - bar.n)  # goes back after a recovery
         if drift is not None:
             drift.observe_records(new)
         return True
 
     t0 = time.monotonic()
     stall = rt.timeout_s + rt.rendezvous_timeout_s + 120.0
-    try:
+    failures: list[Any] = []
+
+    def launch(n_nodes: int, worker_args: WorkerArgs, **extra: Any) -> None:
         launch_local(
-            prep.plan.n_nodes, args, run_dir, stall_s=stall, rendezvous_timeout_s=rt.rendezvous_timeout_s,
+            n_nodes, worker_args, run_dir, stall_s=stall, rendezvous_timeout_s=rt.rendezvous_timeout_s,
             on_poll=poll, master_addr=rt.master_addr, master_port=rt.master_port,
             threads_per_worker=rt.threads_per_worker, start_method=rt.start_method, lock_fd=lock_fd,
-            stop_grace_s=rt.timeout_s + 30.0 if checkpoint_on_stop else 10.0,
+            stop_grace_s=rt.timeout_s + 30.0 if checkpoint_on_stop else 10.0, **extra,
         )
+
+    try:
+        if rt.on_failure == "continue":
+            prep, failures = _train_elastic(prep, args, launch)
+        else:
+            launch(prep.plan.n_nodes, args)
         poll()
     finally:
         bar.close()
     wall = time.monotonic() - t0
     summary = summarize(prep, wall, end)
     summary.drift = list(drift.events) if drift is not None else []
+    summary.failures = failures
     return summary
+
+
+def _train_elastic(prep: Prepared, args: Any, launch: Callable[..., None]) -> tuple[Prepared, list[Any]]:
+    """Rounds of ``launch`` (``elastic.py``): after each node failure, the survivors' state, a
+    plan for them and a new round, up to ``[runtime] max_failures`` times. Returns ``prep`` for
+    the final plan and the failures."""
+    from skippipe.runtime import elastic as E
+    from skippipe.runtime.handoff import HANDOFF_ENV
+    from skippipe.sim import simulate
+
+    rt, run_dir = prep.cfg.runtime, prep.run_dir
+    plan, failures = prep.plan, []
+    while True:
+        folder = E.fresh_round_dir(run_dir, len(failures))
+        try:
+            launch(plan.n_nodes, args, drain_s=rt.timeout_s + 30.0, extra_env={HANDOFF_ENV: str(folder)})
+            break
+        except NodeLost as lost:
+            if len(failures) >= rt.max_failures:
+                E.write_report(run_dir, failures, finished=False)
+                raise RunFailed(f"{lost} ([runtime] max_failures = {rt.max_failures} reached)", lost.node, lost.kind) from None
+            try:
+                plan, fail = E.recover(run_dir, plan, lost, len(failures), prep.cfg.run.keep_checkpoints,
+                                       _checkpoint_meta(prep.cfg))
+            except StageLost as exc:
+                E.write_report(run_dir, failures, finished=False)
+                raise RunFailed(f"{lost}; {exc}", lost.node, "stage_lost") from None
+            failures.append(fail)
+            E.write_report(run_dir, failures, finished=False)
+            args = replace(args, resume=True, plan=str(run_dir / "plan.json"))
+            fail.restarted_at = time.time()
+    E.measure(run_dir, failures, prep.start_step)
+    E.write_report(run_dir, failures, finished=True)
+    if failures:
+        res = simulate(plan, bound=False)
+        prep = replace(prep, plan=plan, predicted_makespan_s=res.makespan_s if res.finished else None, predicted_ops=res.ops)
+    return prep, failures
+
+
+def _checkpoint_meta(cfg: RunConfig) -> Callable[[Path, Plan, int], None]:
+    """Writes a checkpoint's model metadata (config, tokenizer) from the launcher."""
+
+    def write(folder: Path, plan: Plan, step: int) -> None:
+        from skippipe.data.dataset import token_data_for
+        from skippipe.model.checkpoint import write_checkpoint_meta
+
+        train = cfg.train_config()
+        data = token_data_for(train)
+        write_checkpoint_meta(folder, train.model_config(data.vocab_size), step, plan.layers, train=train.to_dict(), plan=plan,
+                              tokenizer=data.tokenizer)
+
+    return write
 
 
 def summarize(prep: Prepared, wall_s: float, end: int) -> Summary:
@@ -240,4 +303,9 @@ def format_summary(s: Summary, emulated: bool, time_scale: float) -> str:
     ]
     if s.timeline_png:
         lines.append(f"timeline        {s.timeline_png}")
+    if s.failures:
+        from skippipe.runtime.elastic import REPORT, format_failures
+
+        lines += format_failures(s.failures)
+        lines.append(f"failures        {s.run_dir / REPORT}")
     return "\n".join(lines)

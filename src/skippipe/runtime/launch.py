@@ -39,10 +39,10 @@ from multiprocessing.process import BaseProcess
 from pathlib import Path
 from types import FrameType
 
-from skippipe.errors import RunFailed, RunInterrupted, UserError, signal_name
+from skippipe.errors import NodeLost, RunFailed, RunInterrupted, UserError, signal_name
 from skippipe.fileio import atomic_write_text
 from skippipe.runtime.entry import LIFELINE_ENV, WorkerArgs
-from skippipe.runtime.faults import STATUS_ENV, Ended, read_status, verdict
+from skippipe.runtime.faults import RECOVERABLE, RECOVERY_SIGNAL, STATUS_ENV, Ended, Verdict, read_status, verdict
 
 START_METHODS = ("forkserver", "exec")
 PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "torch.optim", "skippipe.runtime.entry", "skippipe.runtime.worker",
@@ -244,13 +244,16 @@ def launch_local(
     start_method: str = "forkserver",
     lock_fd: int | None = None,
     stop_grace_s: float = 10.0,
+    drain_s: float | None = None,
 ) -> None:
     """Run the worker in ``world_size`` processes until all finish.
 
     ``on_poll()`` is called about ten times a second and returns True when the run made
     progress (resets the stall timer). Raises ``RunFailed`` on any failure, ``RunInterrupted``
     on SIGINT/SIGTERM (after the workers stopped, waiting up to ``stop_grace_s``). ``lock_fd``:
-    the run folder's lock (``runfolder.RunLock``), shared with every worker.
+    the run folder's lock (``runfolder.RunLock``), shared with every worker. ``drain_s`` (elastic
+    recovery): when one node died or went silent, it is killed, the others get up to ``drain_s``
+    to hand their state over and exit, and ``NodeLost`` names the node.
 
     ``start_method``: ``"forkserver"`` (default) forks every worker from a server process that
     has imported torch once — seconds instead of tens of seconds for 20 workers on a small
@@ -286,7 +289,7 @@ def launch_local(
                     workers.append(WorkerProc(rank, starter.start(rank, env, log, worker_args), log, status_file))
                 starter.started_all()
                 _write_pids(logs, workers)
-                _supervise(workers, stall_s, on_poll, logs)
+                _supervise(workers, stall_s, on_poll, logs, drain_s)
             except _Stop as stop:
                 raise _interrupted(workers, stop.signum, stop_grace_s) from None
             except BaseException:
@@ -302,13 +305,31 @@ def _write_pids(logs: Path, workers: list[WorkerProc]) -> None:
     atomic_write_text(logs / "workers.json", json.dumps(data) + "\n")
 
 
-def _supervise(workers: list[WorkerProc], stall_s: float, on_poll: Callable[[], bool] | None, logs: Path) -> None:
+def _drain(workers: list[WorkerProc], found: Verdict, seen_at: float, drain_s: float) -> NodeLost:
+    """Elastic recovery: kill the failed node, ask the others (``RECOVERY_SIGNAL``) to stop, hand
+    over their state and exit."""
+    assert found.node is not None
+    decided_at = time.time()
+    failed = workers[found.node]
+    if failed.proc.poll() is None:
+        failed.proc.kill()
+        failed.proc.wait()
+    _signal_all(workers, RECOVERY_SIGNAL)
+    _wait_all(workers, drain_s)
+    return NodeLost(found.message, found.node, found.kind.value, seen_at, decided_at, time.time())
+
+
+def _supervise(workers: list[WorkerProc], stall_s: float, on_poll: Callable[[], bool] | None, logs: Path,
+               drain_s: float | None = None) -> None:
     last_progress = time.monotonic()
     while True:
         finished = [w for w in workers if w.proc.poll() is not None]
         if any(w.proc.returncode != 0 for w in finished):
+            seen_at = time.time()
             time.sleep(0.5)  # let near-simultaneous exits land, then pick the root cause
             found = verdict([w.ended() for w in workers])
+            if drain_s is not None and found.node is not None and found.kind in RECOVERABLE:
+                raise _drain(workers, found, seen_at, drain_s)
             _terminate(workers)
             raise RunFailed(found.message, node=found.node, kind=found.kind.value, exit_code=found.exit_code)
         if len(finished) == len(workers):

@@ -47,10 +47,12 @@ from skippipe.runtime import checkpoint as ckpt
 from skippipe.runtime.accumulate import OrderedGradAccumulator
 from skippipe.runtime.emulation import Emulation
 from skippipe.runtime.faults import StopRequest
+from skippipe.runtime.handoff import StepSnapshot, guarded_step
 from skippipe.runtime.metrics import MetricsWriter
 from skippipe.runtime.process_group import Groups, communicating
 from skippipe.runtime.saving import CheckpointWriter, save_run_checkpoint
 from skippipe.runtime.schedule import NodeSchedule, awaited, describe_awaited, expected_messages, hops, node_work
+from skippipe.runtime.timeline import prune_records
 from skippipe.runtime.transport import BACKWARD, FORWARD, Message, MessageBounds, Transport
 from skippipe.train import grads as G
 from skippipe.train.config import TrainConfig
@@ -98,6 +100,7 @@ class WorkerSetup:
     stop: StopRequest = field(default_factory=StopRequest)
     wire: str = "fp32"  # activations/gradients on the wire (skippipe.runtime.wire)
     wire_error_feedback: bool = False
+    elastic: bool = False  # keep the pre-step state for recovery (``handoff.py``)
 
 
 @dataclass
@@ -140,6 +143,8 @@ class Worker:
         self.accumulator = OrderedGradAccumulator(self.stage, ids) if setup.deterministic else None
         self.mb_rank = {mb.id: r for r, mb in enumerate(sorted(plan.microbatches, key=lambda m: m.id))}
         self.losses_so_far: list[float] = []  # every iteration's loss since step 0 (for checkpoints)
+        self.steps = 0  # optimizer steps applied to this node's state
+        self.snapshot = StepSnapshot() if setup.elastic else None
         bounds = MessageBounds(
             shape=(setup.train_cfg.samples_per_microbatch, self.seq_len, setup.model_cfg.d_model), microbatches=frozenset(ids),
         )
@@ -325,7 +330,8 @@ class Worker:
                 raise TrainingDiverged(it + 1, what, value)
         G.scale_grads(self.stage, factor)
         set_lr(self.optimizer, lr)
-        self.optimizer.step()
+        guarded_step(self.stage, self.optimizer, self.snapshot, it)
+        self.steps = it + 1
         self.optimizer.zero_grad(set_to_none=True)
         samples = len(plan.microbatches) * self.s.train_cfg.samples_per_microbatch
         return IterationStats(
@@ -354,13 +360,14 @@ class Worker:
         out: list[IterationStats] = []
         end = stop if until is None else min(stop, until)
         every = self.s.checkpoint_every
+        self.steps = start
         for it in range(start, end):
             cpu0 = time.process_time()
             stats = self.iteration(it)
             self.s.timeline.append({"it": it, "type": "iteration", "node": self.node, "cpu_s": time.process_time() - cpu0,
                                     "iter_s": stats.iter_s, "makespan_s": stats.makespan_s})
             out.append(stats)
-            self._prune_timeline(it)
+            prune_records(self.s.timeline, it, self.s.timeline_iteration - 1)
             self.losses_so_far.append(stats.loss)
             last = stats.iteration == end
             if self.s.metrics is not None and (stats.iteration % self.s.log_every == 0 or last or stats.stop):
@@ -384,14 +391,6 @@ class Worker:
                                      checkpoint_step=stats.iteration if saved else None)
         self.transport.close()
         return out
-
-    def _prune_timeline(self, it: int, keep: int = 5) -> None:
-        """Keep the detailed records of the last ``keep`` iterations (and of the one asked for
-        in ``[run] timeline_iteration``); per-iteration summaries are always kept."""
-        wanted = self.s.timeline_iteration - 1
-        self.s.timeline[:] = [
-            r for r in self.s.timeline if r["type"] == "iteration" or r["it"] > it - keep or r["it"] == wanted
-        ]
 
     def write_timeline(self) -> None:
         path = self.s.run_dir / "timeline" / f"node-{self.node:03d}.json"
