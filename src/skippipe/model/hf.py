@@ -60,7 +60,9 @@ def from_hf_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
-def export_hf(directory: str | Path, cfg: ModelConfig, state: dict[str, torch.Tensor], tokenizer_file: Path | None = None) -> Path:
+def export_hf(
+    directory: str | Path, cfg: ModelConfig, state: dict[str, torch.Tensor], tokenizer_file: Path | None = None
+) -> Path:
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     save_safetensors(d / "model.safetensors", to_hf_names(state), {"format": "pt"})
@@ -138,6 +140,9 @@ def load_hf_model(directory: str | Path) -> Any:
     model = Llama(cfg)
     result = model.load_state_dict(state, strict=False)
     if result.missing_keys or result.unexpected_keys:
-        raise UserError(f"{directory}: weights do not match config.json (missing {result.missing_keys[:3]}, unexpected {result.unexpected_keys[:3]})")
+        raise UserError(
+            f"{directory}: weights do not match config.json "
+            f"(missing {result.missing_keys[:3]}, unexpected {result.unexpected_keys[:3]})"
+        )
     model.eval()
     return model

@@ -109,7 +109,7 @@ class ReferenceExecutor:
     def optimizer_step(self) -> float:
         """Phase 3: AdamW on every copy at this iteration's learning rate; returns the rate."""
         lr = lr_at(self.iteration, self.cfg)
-        for node, opt in self.optimizers.items():
+        for opt in self.optimizers.values():
             set_lr(opt, lr)
             opt.step()
         self.iteration += 1
