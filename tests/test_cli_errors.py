@@ -98,3 +98,43 @@ def test_a_mistyped_or_binary_checkpoint_config_is_one_line(tmp_path, capsys):
     _one_line_error(capsys, main(["export", str(ckpt), "--hf", str(tmp_path / "out")]), 2)
     (ckpt / "config.json").write_text('{"format": "skippipe-checkpoint", "version": "1", "stage_layers": "x"}')
     _one_line_error(capsys, main(["export", str(ckpt), "--hf", str(tmp_path / "out")]), 2)
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--seq-len", "-5"], ["--seq-len", "0"], ["--samples", "0"], ["--stages", "0"],
+        ["--sweep", "--max-choices", "0"], ["--samples", "1e3"], ["--seq-len", "99999999999"],
+    ],
+)
+def test_eval_refuses_impossible_numbers_before_any_work(flags, tmp_path, capsys):
+    ckpt = _tiny_checkpoint(tmp_path / "ckpt")
+    with pytest.raises(SystemExit) as stop:
+        main(["eval", str(ckpt), *flags])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1].startswith("skippipe eval: error: argument") and "Traceback" not in err
+
+
+def test_a_garbage_tokenizer_is_not_exported(tmp_path, capsys):
+    import json
+
+    ckpt = _tiny_checkpoint(tmp_path / "ckpt")
+    (ckpt / "tok.json").write_text("this is not a tokenizer")
+    meta = json.loads((ckpt / "config.json").read_text())
+    meta["tokenizer"] = "tok.json"
+    (ckpt / "config.json").write_text(json.dumps(meta))
+    _one_line_error(capsys, main(["export", str(ckpt), "--hf", str(tmp_path / "out")]), 2)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_checkpoint_whose_weights_do_not_match_its_config_is_one_line(tmp_path, capsys):
+    import json
+
+    ckpt = _tiny_checkpoint(tmp_path / "ckpt")
+    meta = json.loads((ckpt / "config.json").read_text())
+    meta["model"]["d_model"] = 32  # the weights are 16 wide
+    (ckpt / "config.json").write_text(json.dumps(meta))
+    _one_line_error(capsys, main(["eval", str(ckpt), "--samples", "2"]), 2)
+    _one_line_error(capsys, main(["export", str(ckpt), "--hf", str(tmp_path / "out")]), 2)
+    assert not (tmp_path / "out").exists()

@@ -6,8 +6,10 @@ A reader never sees a half-written file, and a failed write leaves the old file 
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from skippipe.errors import OutputError, UserError
@@ -36,6 +38,29 @@ def atomic_write(path: str | Path, write: Callable[[str], None]) -> None:
 def atomic_write_text(path: str | Path, text: str) -> None:
     """Write ``text`` to ``path`` atomically."""
     atomic_write(path, lambda tmp: Path(tmp).write_text(text))
+
+
+@contextmanager
+def atomic_dir(path: str | Path) -> Iterator[Path]:
+    """A folder filled in a scratch folder (``.NAME.partial-*``, beside the nearest existing parent)
+    and moved into place when the block ends without error; on any error the scratch folder is
+    removed and ``path`` is as it was. Into an existing non-empty folder the files move one by one."""
+    p = Path(path)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{p.name}.partial-", dir=_nearest_existing(p.absolute())))
+    try:
+        yield tmp
+        p.parent.mkdir(parents=True, exist_ok=True)
+        if p.is_dir() and any(p.iterdir()):
+            for f in sorted(tmp.iterdir()):
+                os.replace(f, p / f.name)
+            tmp.rmdir()
+        else:
+            if p.is_dir():
+                p.rmdir()
+            os.replace(tmp, p)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def _nearest_existing(p: Path) -> Path:

@@ -8,7 +8,9 @@ import json
 import math
 from pathlib import Path
 
+from skippipe.commands.arguments import int_in
 from skippipe.errors import UserError
+from skippipe.limits import MAX_CTX, MAX_SAMPLES, MAX_STAGES
 
 
 def _int_list(text: str) -> list[int]:
@@ -23,12 +25,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hf", action="store_true", help="the directory is a Hugging Face LLaMA model")
     p.add_argument("--omit", type=_int_list, default=[], metavar="S,S", help="stages to leave out (not 0), e.g. 2,3")
     p.add_argument("--sweep", action="store_true", help="every number of omitted stages, averaged over choices")
-    p.add_argument("--max-choices", type=int, default=20, help="with --sweep: at most this many choices per count")
+    p.add_argument("--max-choices", type=int_in(1), default=20, help="with --sweep: at most this many choices per count")
     p.add_argument(
-        "--stages", type=int, default=None, help="split the layers into this many equal stages (default: the checkpoint's)"
+        "--stages", type=int_in(1, MAX_STAGES), default=None,
+        help="split the layers into this many equal stages (default: the checkpoint's)"
     )
-    p.add_argument("--samples", type=int, default=64, help="validation windows (default 64)")
-    p.add_argument("--seq-len", type=int, default=None, help="tokens per window (default: the training length)")
+    p.add_argument("--samples", type=int_in(1, MAX_SAMPLES), default=64, help="validation windows (default 64)")
+    p.add_argument("--seq-len", type=int_in(1, MAX_CTX), default=None, help="tokens per window (default: the training length)")
     p.add_argument("--corpus", default=None, help="comma-separated corpora (default: the training corpora)")
     p.add_argument("--tokenizer", default=None, help="tokenizer JSON file, or 'bytes' (default: the checkpoint's)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")

@@ -6,18 +6,22 @@ from __future__ import annotations
 
 import argparse
 
+from skippipe.commands.arguments import fraction, int_in
+from skippipe.limits import MAX_VOCAB
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("inputs", nargs="+", metavar="INPUT", help="text files, folders of them, or JSON Lines files (.jsonl)")
     p.add_argument("--out", required=True, metavar="DIR", help="output folder (new or empty; with --force: replaces a dataset)")
     p.add_argument("--tokenizer", default="bpe",
                    help="'bpe' (train a byte-level BPE here, default), 'bytes', 'gpt2', or a tokenizer.json path")
-    p.add_argument("--vocab-size", type=int, default=4096, help="with --tokenizer bpe: vocabulary size (default 4096)")
-    p.add_argument("--val-fraction", type=float, default=0.05, help="share of documents for validation (default 0.05)")
+    p.add_argument("--vocab-size", type=int_in(1, MAX_VOCAB), default=4096,
+                   help="with --tokenizer bpe: vocabulary size (default 4096)")
+    p.add_argument("--val-fraction", type=fraction, default=0.05, help="share of documents for validation (default 0.05)")
     p.add_argument("--split", choices=["document", "tail"], default="document",
                    help="'document' (default): whole documents go to validation; 'tail': the end of every document")
     p.add_argument("--text-field", default="text", help="the field of JSON Lines records that holds the text (default: text)")
-    p.add_argument("--shard-tokens", type=int, default=None, help="tokens per shard file (default 134,217,728)")
+    p.add_argument("--shard-tokens", type=int_in(1), default=None, help="tokens per shard file (default 134,217,728)")
     p.add_argument("--force", action="store_true", help="replace a dataset already in --out")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 

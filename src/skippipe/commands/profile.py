@@ -16,21 +16,25 @@ import json
 from pathlib import Path
 from typing import Any
 
+from skippipe.commands.arguments import int_in
 from skippipe.errors import UserError
 from skippipe.fileio import check_writable
+from skippipe.limits import MAX_NODES, MAX_SAMPLES, MAX_STAGES
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, metavar="FILE.json", help="the cluster file to write")
-    parser.add_argument("--nodes", type=int, default=4, metavar="N", help="local workers to start (default 4)")
+    parser.add_argument("--nodes", type=int_in(2, MAX_NODES), default=4, metavar="N", help="local workers to start (default 4)")
     parser.add_argument("--worker", action="store_true",
                         help="be one worker of a launch (torchrun sets RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)")
     parser.add_argument("--model", default="tiny", help="model preset whose stage is timed (default tiny)")
-    parser.add_argument("--stages", type=int, default=4, help="pipeline stages: a stage holds n_layers / S layers (default 4)")
-    parser.add_argument("--samples", type=int, default=8, help="samples per microbatch (default 8)")
+    parser.add_argument("--stages", type=int_in(1, MAX_STAGES), default=4,
+                        help="pipeline stages: a stage holds n_layers / S layers (default 4)")
+    parser.add_argument("--samples", type=int_in(1, MAX_SAMPLES), default=8, help="samples per microbatch (default 8)")
     parser.add_argument("--sizes", metavar="B,B,..", help="message sizes in bytes (default: 1 KiB .. one microbatch)")
-    parser.add_argument("--reps", type=int, default=5, help="timed round trips per pair and size (default 5)")
-    parser.add_argument("--compute-reps", type=int, default=5, help="timed forward + backward passes per node (default 5)")
+    parser.add_argument("--reps", type=int_in(1, 10_000), default=5, help="timed round trips per pair and size (default 5)")
+    parser.add_argument("--compute-reps", type=int_in(1, 10_000), default=5,
+                        help="timed forward + backward passes per node (default 5)")
     parser.add_argument("--links", choices=("transfer", "latency"), default="transfer",
                         help="write transfer_s for this model's activations (default), or latency_ms + bandwidth_GBps")
     parser.add_argument("--emulate", metavar="CLUSTER", help="emulate this cluster's links here (preset/file)")

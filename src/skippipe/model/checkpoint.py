@@ -176,18 +176,29 @@ def load_checkpoint(directory: str | Path) -> Checkpoint:
     )
 
 
-def load_model(ckpt: Checkpoint) -> Any:
-    """The checkpoint's weights in a ``Llama``; a clear error when they do not fit the config."""
+def model_with_weights(cfg: ModelConfig, state: dict[str, torch.Tensor], where: str) -> Any:
+    """A ``Llama`` of ``cfg`` holding ``state``, in eval mode; one ``UserError`` line when a name
+    is missing or extra or a shape differs from what the config makes."""
     from skippipe.model.llama import Llama
 
-    model = Llama(ckpt.model)
-    result = model.load_state_dict(ckpt.state_dict, strict=False)
-    if result.missing_keys or result.unexpected_keys:
-        raise UserError(
-            f"{ckpt.path}: weights do not match the model config (missing {result.missing_keys[:3]}, "
-            f"unexpected {result.unexpected_keys[:3]})"
-        )
+    model = Llama(cfg)
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    if missing or unexpected:
+        raise UserError(f"{where}: weights do not match the model config (missing {missing[:3]}, unexpected {unexpected[:3]})")
+    for name, shape in expected.items():
+        if tuple(state[name].shape) != shape:
+            raise UserError(
+                f"{where}: weight {name} has shape {list(state[name].shape)} but the model config makes {list(shape)}"
+            )
+    model.load_state_dict(state)
     model.eval()
     return model
+
+
+def load_model(ckpt: Checkpoint) -> Any:
+    """The checkpoint's weights in a ``Llama``; a clear error when they do not fit the config."""
+    return model_with_weights(ckpt.model, ckpt.state_dict, str(ckpt.path))
 
 

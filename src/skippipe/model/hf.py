@@ -15,8 +15,8 @@ from typing import Any
 import torch
 
 from skippipe.errors import UserError
-from skippipe.fileio import atomic_write_text
-from skippipe.model.checkpoint import _load_tensors, save_safetensors
+from skippipe.fileio import atomic_dir, atomic_write_text
+from skippipe.model.checkpoint import _load_tensors, model_with_weights, save_safetensors
 from skippipe.model.config import ModelConfig
 
 
@@ -63,21 +63,25 @@ def from_hf_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 def export_hf(
     directory: str | Path, cfg: ModelConfig, state: dict[str, torch.Tensor], tokenizer_file: Path | None = None
 ) -> Path:
-    d = Path(directory)
-    d.mkdir(parents=True, exist_ok=True)
-    save_safetensors(d / "model.safetensors", to_hf_names(state), {"format": "pt"})
+    """Write a Hugging Face LLaMA folder; all of it or, on any error, nothing (``fileio.atomic_dir``)."""
     config = hf_config(cfg)
-    if tokenizer_file is not None:
+    files: dict[str, str] = {}
+    if tokenizer_file is not None:  # checked before anything is written
         from skippipe.data.tokenizers_hf import load_tokenizer_json
 
         tok = load_tokenizer_json(tokenizer_file)  # generate() stops at its end-of-text token
         config.update(eos_token_id=tok.eot_id, pad_token_id=tok.eot_id)
         special = {"eos_token": tok.eot_token, "pad_token": tok.eot_token}
         tok_config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": cfg.ctx, **special}
-        atomic_write_text(d / "tokenizer.json", Path(tokenizer_file).read_text())
-        atomic_write_text(d / "tokenizer_config.json", json.dumps(tok_config, indent=1) + "\n")
-        atomic_write_text(d / "special_tokens_map.json", json.dumps(special, indent=1) + "\n")
-    atomic_write_text(d / "config.json", json.dumps(config, indent=1) + "\n")
+        files["tokenizer.json"] = Path(tokenizer_file).read_text(encoding="utf-8")
+        files["tokenizer_config.json"] = json.dumps(tok_config, indent=1) + "\n"
+        files["special_tokens_map.json"] = json.dumps(special, indent=1) + "\n"
+    files["config.json"] = json.dumps(config, indent=1) + "\n"
+    d = Path(directory)
+    with atomic_dir(d) as tmp:
+        save_safetensors(tmp / "model.safetensors", to_hf_names(state), {"format": "pt"})
+        for name, text in files.items():
+            atomic_write_text(tmp / name, text)
     return d
 
 
@@ -134,15 +138,5 @@ def import_hf(directory: str | Path) -> tuple[ModelConfig, dict[str, torch.Tenso
 
 
 def load_hf_model(directory: str | Path) -> Any:
-    from skippipe.model.llama import Llama
-
     cfg, state = import_hf(directory)
-    model = Llama(cfg)
-    result = model.load_state_dict(state, strict=False)
-    if result.missing_keys or result.unexpected_keys:
-        raise UserError(
-            f"{directory}: weights do not match config.json "
-            f"(missing {result.missing_keys[:3]}, unexpected {result.unexpected_keys[:3]})"
-        )
-    model.eval()
-    return model
+    return model_with_weights(cfg, state, str(directory))
