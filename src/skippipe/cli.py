@@ -22,6 +22,7 @@ COMMANDS: list[tuple[str, str]] = [
     ("worker", "one worker process (used by `train` and by torchrun)"),
     ("eval", "validation perplexity, optionally with stages omitted"),
     ("export", "export a checkpoint to a Hugging Face LLaMA directory"),
+    ("hdee", "heterogeneous domain expert ensembles: train, eval, generate"),
 ]
 
 
