@@ -92,8 +92,10 @@ def prepare_data(cfg: HDEEConfig, run_dir: str | Path, log: Callable[[str], None
     splits = {spec.name: load_split(spec, d.val_fraction, d.test_fraction, d.split_salt) for spec in cfg.domains}
     for spec in cfg.domains:
         s = splits[spec.name]
-        log(f"domain {spec.name} ({spec.source}, {spec.role}): {len(s.train)} / {len(s.val)} / {len(s.test)} documents "
-            f"train / val / test, {sum(len(x.text) for x in s.train) / 1e6:.2f} MB training text")
+        mb = [sum(len(x.text) for x in part) / 1e6 for part in (s.train, s.val, s.test)]
+        held = " (held out: its training split is not used)" if spec.role == "eval" else ""
+        log(f"domain {spec.name} ({spec.source}): {len(s.train)} / {len(s.val)} / {len(s.test)} documents, "
+            f"{mb[0]:.2f} / {mb[1]:.2f} / {mb[2]:.2f} MB train / val / test{held}")
     if d.tokenizer == "bytes":
         tok: Tokenizer = ByteTokenizer()
     else:
