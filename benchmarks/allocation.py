@@ -25,9 +25,9 @@ from tqdm import tqdm
 
 from skippipe.cluster import load_cluster
 from skippipe.errors import UserError
-from skippipe.plan.allocate import allocate, allocation_fitness, random_allocation
-from skippipe.plan.methods import make_plan, with_allocation
-from skippipe.plan.problem import build_problem
+from skippipe.planner.allocation import allocate, allocation_fitness, random_allocation
+from skippipe.planner.methods import make_plan, with_allocation
+from skippipe.planner.problem import build_problem
 from skippipe.workload import Workload
 
 CLUSTERS = ["gcp20-current-free", "gcp-2025/geo-distributed/20", "aws-2022/geo-distributed/20", "gcp-2025/5-clusters/40"]

@@ -5,7 +5,7 @@ By default (``--plans planner``) the plans are made by the real planners on the
 ``gcp-2025/geo-distributed`` preset: method ``full`` on 12 nodes (S=4, 3 chains x 10
 microbatches), method ``skippipe`` on 15 nodes (S=4, L=3, 5 data nodes x 6) and on 20 nodes
 (S=6, L=4, 5 data nodes x 6); ``--plans toy`` uses the hand-made plans of
-``skippipe.train.toy_plans`` instead. Every run uses the single-process reference executor (the
+``tests/toy_plans.py`` instead. Every run uses the single-process reference executor (the
 math of the distributed runtime), 30 microbatches per iteration and ``sharding = "stream"``, so
 every run sees exactly the same samples in every iteration (checked and printed). The
 validation loss is that of the whole model (no stage omitted).
@@ -29,24 +29,25 @@ from collections import Counter
 from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the hand-made toy plans
 
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import torch  # noqa: E402
+import matplotlib.pyplot as plt
+import torch
 
-from skippipe.cluster import load_cluster  # noqa: E402
-from skippipe.data.dataset import token_data_for  # noqa: E402
-from skippipe.fileio import atomic_write_text  # noqa: E402
-from skippipe.model.checkpoint import save_checkpoint  # noqa: E402
-from skippipe.plan.methods import make_plan  # noqa: E402
-from skippipe.plan.model import Plan  # noqa: E402
-from skippipe.plan.problem import build_problem  # noqa: E402
-from skippipe.train.config import TrainConfig  # noqa: E402
-from skippipe.train.loop import train_plan  # noqa: E402
-from skippipe.train.toy_plans import full_plan, skip_plan  # noqa: E402
-from skippipe.workload import Workload  # noqa: E402
+from skippipe.cluster import load_cluster
+from skippipe.data.dataset import token_data_for
+from skippipe.fileio import atomic_write_text
+from skippipe.model.checkpoint import save_checkpoint
+from skippipe.planfile import Plan
+from skippipe.planner.methods import make_plan
+from skippipe.planner.problem import build_problem
+from skippipe.train.config import TrainConfig
+from skippipe.train.loop import train_plan
+from skippipe.workload import Workload
+from toy_plans import full_plan, skip_plan
 
 N_LAYERS = 12  # 3 per stage with S=4, 2 per stage with S=6
 
@@ -93,8 +94,12 @@ def plans(args: argparse.Namespace) -> dict:
     b, T = args.samples, args.seq_len
     return {
         "full": full_plan(num_stages=4, chains=3, m=10, n_layers=N_LAYERS, samples=b, ctx=T),
-        "skip-25% (S=4, L=3)": skip_plan([5, 3, 3, 3], 3, 6, N_LAYERS, seed=args.seed, swap_fraction=args.swaps, samples=b, ctx=T),
-        "skip-33% (S=6, L=4)": skip_plan([5, 3, 3, 3, 3, 3], 4, 6, N_LAYERS, seed=args.seed, swap_fraction=args.swaps, samples=b, ctx=T),
+        "skip-25% (S=4, L=3)": skip_plan(
+            [5, 3, 3, 3], 3, 6, N_LAYERS, seed=args.seed, swap_fraction=args.swaps, samples=b, ctx=T
+        ),
+        "skip-33% (S=6, L=4)": skip_plan(
+            [5, 3, 3, 3, 3, 3], 4, 6, N_LAYERS, seed=args.seed, swap_fraction=args.swaps, samples=b, ctx=T
+        ),
     }
 
 
@@ -145,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--eval-samples", type=int, default=128)
     ap.add_argument("--divisor", default="visits", choices=["visits", "microbatches", "reference"])
     ap.add_argument("--plans", default="planner", choices=["planner", "toy"],
-                    help="planner: methods full and skippipe (default); toy: skippipe.train.toy_plans")
+                    help="planner: methods full and skippipe (default); toy: tests/toy_plans.py")
     ap.add_argument("--swaps", type=float, default=0.25, help="--plans toy: share of skip microbatches with one adjacent swap")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--cache-dir", default=None)

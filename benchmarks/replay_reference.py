@@ -3,7 +3,7 @@
 For each instance (``shipped``: forward 0.44 s; ``current``: forward 1.76 s) and method, our
 simulated seconds per iteration, the reference simulator's figure, their ratio, the plan's lower
 bound and the memory floor of the reference allocation; then a *fair* full pipeline (correct
-bottleneck matching, 30 microbatches, from ``skippipe.plan.baselines.full_plan``) beside the
+bottleneck matching, 30 microbatches, from ``skippipe.planner.baselines.full_plan``) beside the
 reference's own; the rules the replayed plans break under our TC1 caps; and the simulator's
 speed. Everything is measured in this run.
 
@@ -21,10 +21,17 @@ from pathlib import Path
 import numpy as np
 
 from skippipe.bounds import lower_bound, memory_floor
-from skippipe.plan.model import Constraints, Costs, Microbatch, Plan, save_plan
+from skippipe.planfile import Constraints, Costs, Microbatch, Plan, save_plan
 from skippipe.reference import (
-    INSTANCES, INVALID_FIGURES, METHOD_TITLES, METHODS, reference_figure, reference_plan, reference_problem,
-    reference_stages, rule_breaks,
+    INSTANCES,
+    INVALID_FIGURES,
+    METHOD_TITLES,
+    METHODS,
+    reference_figure,
+    reference_plan,
+    reference_problem,
+    reference_stages,
+    rule_breaks,
 )
 from skippipe.sim import simulate
 
@@ -39,7 +46,7 @@ def floor_of(instance: str) -> float:
 
 def fair_full(instance: str, seed: int = 0) -> Plan | None:
     try:
-        from skippipe.plan.baselines import full_plan
+        from skippipe.planner.baselines import full_plan
     except ImportError:
         return None
     problem = reference_problem(instance)
@@ -54,7 +61,10 @@ def fmt(x: float | None, nd: int = 2) -> str:
 
 def replay_table(args: argparse.Namespace) -> list[str]:
     notes: list[str] = []
-    head = f"{'instance':<9} {'method':<32} {'mbs':>4} {'ours s':>8} {'reference s':>12} {'ratio':>6} {'bound s':>8} {'ours/bound':>10}"
+    head = (
+        f"{'instance':<9} {'method':<32} {'mbs':>4} {'ours s':>8} {'reference s':>12} {'ratio':>6} "
+        f"{'bound s':>8} {'ours/bound':>10}"
+    )
     print(head)
     print("-" * len(head))
     for instance in INSTANCES:
@@ -75,7 +85,8 @@ def replay_table(args: argparse.Namespace) -> list[str]:
             if (instance, method) in INVALID_FIGURES:
                 star = " *"
                 notes.append(
-                    f"* {instance} {method}: the reference figure {ref:.2f} s is not valid ({INVALID_FIGURES[(instance, method)]}); "
+                    f"* {instance} {method}: the reference figure {ref:.2f} s is not valid "
+                    f"({INVALID_FIGURES[(instance, method)]}); "
                     f"our last finish among the microbatches it did finish: "
                     f"{max(res.finish_s[i] for i in res.finish_s if i not in _lost(instance, method)):.2f} s"
                 )
@@ -166,7 +177,7 @@ def print_speed() -> None:
     plan = reference_plan("current", "ca")
     lower_bound(plan)
     for kw in ({"record": False, "bound": False}, {"record": False}, {"record": True}):
-        ms = best_ms(lambda: simulate(plan, **kw), 5, 100)
+        ms = best_ms(lambda kw=kw: simulate(plan, **kw), 5, 100)
         flags = ", ".join(f"{k}={v}" for k, v in kw.items())
         print(f"  20 nodes, 30 microbatches, {flags}: {ms:.3f} ms per simulation")
     big = synthetic_plan()
@@ -190,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     for line in notes:
         print(line)
     if fair_full("shipped") is None:
-        print("(fair full pipeline: skippipe.plan.baselines.full_plan is not available yet)")
+        print("(fair full pipeline: skippipe.planner.baselines.full_plan is not available yet)")
     print()
     print_rule_breaks()
     if not args.no_speed:

@@ -35,19 +35,19 @@ from pathlib import Path
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import matplotlib  # noqa: E402
+import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import torch  # noqa: E402
+import convergence
+import matplotlib.pyplot as plt
+import torch
 
-import convergence  # noqa: E402
-from skippipe.data.dataset import token_data_for  # noqa: E402
-from skippipe.eval import omission_sweep  # noqa: E402
-from skippipe.model.checkpoint import load_checkpoint, load_model, save_checkpoint  # noqa: E402
-from skippipe.fileio import atomic_write_text  # noqa: E402
-from skippipe.plan.model import load_plan  # noqa: E402
-from skippipe.train.loop import train_plan  # noqa: E402
+from skippipe.data.dataset import token_data_for
+from skippipe.eval import omission_sweep
+from skippipe.fileio import atomic_write_text
+from skippipe.model.checkpoint import load_checkpoint, load_model, save_checkpoint
+from skippipe.planfile import load_plan
+from skippipe.train.loop import train_plan
 
 LAYOUTS = {
     "S=6": ([[0, 1], [2, 3], [4, 5], [6, 7], [8, 9], [10, 11]], ["full", "skip-33"]),
@@ -130,13 +130,16 @@ def main(argv: list[str] | None = None) -> int:
             print("omitted  choices  mean ppl  min..max ppl     vs own full")
             for r in rows:
                 ppls = [math.exp(x) for x in r.losses]
-                print(f"{r.omitted:7d}  {len(r.choices):7d}  {r.mean_ppl:8.2f}  {min(ppls):7.2f}..{max(ppls):<7.2f}  {r.mean_ppl / base:7.3f}")
+                print(
+                    f"{r.omitted:7d}  {len(r.choices):7d}  {r.mean_ppl:8.2f}  "
+                    f"{min(ppls):7.2f}..{max(ppls):<7.2f}  {r.mean_ppl / base:7.3f}"
+                )
             half = len(stage_layers) // 2
             print(f"half of the stages omitted ({half} of {len(stage_layers)}): {rows[half].mean_ppl / base:.3f} x full")
 
     atomic_write_text(out / "robustness.json", json.dumps({"args": vars(args), "layouts": results}, indent=1) + "\n")
     fig, axes = plt.subplots(1, len(results), figsize=(6 * len(results), 4.2), squeeze=False)
-    for ax, (layout, res) in zip(axes[0], results.items()):
+    for ax, res in zip(axes[0], results.values()):
         n_stages = len(res["stages"])
         for name, rows in res["runs"].items():
             ks = [r["omitted"] for r in rows]

@@ -23,9 +23,9 @@ import tempfile
 from pathlib import Path
 
 from skippipe.cluster import load_cluster
-from skippipe.plan.methods import make_plan
-from skippipe.plan.model import save_plan
-from skippipe.plan.problem import build_problem
+from skippipe.planfile import save_plan
+from skippipe.planner.methods import make_plan
+from skippipe.planner.problem import build_problem
 from skippipe.runtime.config import load_run_config
 from skippipe.runtime.job import prepare, train
 from skippipe.workload import Workload

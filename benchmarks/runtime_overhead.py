@@ -24,9 +24,9 @@ import torch
 
 from skippipe.cluster import load_cluster
 from skippipe.data.dataset import token_data_for
-from skippipe.plan.methods import make_plan
-from skippipe.plan.model import save_plan
-from skippipe.plan.problem import build_problem
+from skippipe.planfile import save_plan
+from skippipe.planner.methods import make_plan
+from skippipe.planner.problem import build_problem
 from skippipe.runtime.config import load_run_config
 from skippipe.runtime.job import prepare, train
 from skippipe.runtime.timeline import load_timeline
@@ -89,7 +89,10 @@ def main() -> int:
     run_cpu = sum(per_it.values()) / len(per_it)
 
     print(f"reference executor  {1e3 * ref_wall / samples:7.2f} ms/sample wall   {1e3 * ref_cpu / samples:7.2f} ms/sample CPU")
-    print(f"runtime, {plan.n_nodes} workers  {1e3 * run_wall / samples:7.2f} ms/sample wall   {1e3 * run_cpu / samples:7.2f} ms/sample CPU (all workers)")
+    print(
+        f"runtime, {plan.n_nodes} workers  {1e3 * run_wall / samples:7.2f} ms/sample wall   "
+        f"{1e3 * run_cpu / samples:7.2f} ms/sample CPU (all workers)"
+    )
     ratio = run_wall / ref_wall
     print(f"runtime / reference: wall {ratio:.2f} per sample (target <= 1.3), CPU {run_cpu / ref_cpu:.2f}")
     return 0 if ratio <= 1.3 else 1

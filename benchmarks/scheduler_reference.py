@@ -5,9 +5,9 @@ the current-code network with our own allocation, plan with ``skippipe-no-tc2`` 
 and simulate them in one simulator beside the replayed reference plans. Printed per row: the
 makespan, whether every microbatch finished and TC1 holds, the planning time, and the ratios
 to the memory floor of the allocation (``skippipe.bounds``), to the sharper data-node floor
-(``skippipe.plan.route_bounds``: no plan on that allocation can beat it) and to the
+(``skippipe.planner.floors``: no plan on that allocation can beat it) and to the
 reference's SkipPipe. For our own allocation it also prints the load-aware floor over every
-allocation (``route_bounds.free_allocation_floor``). Every number is measured in this run.
+allocation (``planner.floors.free_allocation_floor``). Every number is measured in this run.
 
     python3 benchmarks/scheduler_reference.py [--seed 0] [--time-limit S] [--write-plans DIR]
 """
@@ -20,11 +20,10 @@ from pathlib import Path
 
 from skippipe.bounds import memory_floor
 from skippipe.cluster import load_cluster
-from skippipe.plan.model import Plan, save_plan
-from skippipe.plan.problem import Problem, build_problem
-from skippipe.plan.route import plan_no_tc2, plan_skippipe
-from skippipe.plan.route_bounds import data_node_floor, free_allocation_floor
-from skippipe.plan.validate import plan_violations
+from skippipe.planfile import Plan, plan_violations, save_plan
+from skippipe.planner.floors import allocation_data_node_floor, free_allocation_floor
+from skippipe.planner.problem import Problem, build_problem
+from skippipe.planner.routing.schedule import plan_no_tc2, plan_skippipe
 from skippipe.reference import reference_figure, reference_plan, reference_problem, reference_stages
 from skippipe.sim import simulate
 
@@ -50,7 +49,7 @@ def own_problem(instance: str) -> Problem:
 def row(label: str, plan: Plan, problem: Problem, planning_s: float | None, ref_s: float) -> dict:
     res = simulate(plan, record=False)
     floor = floor_of(problem, plan.stages)
-    dn_floor = data_node_floor(problem, plan.stages)
+    dn_floor = allocation_data_node_floor(problem, plan.stages)
     ok = res.finished and not plan_violations(plan)
     return {
         "label": label, "makespan": res.makespan_s, "ok": ok, "time": planning_s, "floor": floor,

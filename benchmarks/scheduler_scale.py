@@ -19,10 +19,10 @@ import os
 import time
 
 from skippipe.cluster import load_cluster
-from skippipe.plan.problem import build_problem
-from skippipe.plan.route import plan_no_tc2, plan_skippipe
-from skippipe.plan.route_bounds import data_node_floor
-from skippipe.plan.validate import plan_violations
+from skippipe.planfile import plan_violations
+from skippipe.planner.floors import allocation_data_node_floor
+from skippipe.planner.problem import build_problem
+from skippipe.planner.routing.schedule import plan_no_tc2, plan_skippipe
 from skippipe.sim import simulate
 from skippipe.workload import Workload
 
@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         base_s = simulate(base, record=False).makespan_s
         for name, plan, took in (("skippipe-no-tc2", base, t_base), ("skippipe", ours, t_ours)):
             res = simulate(plan, record=False)
-            floor = data_node_floor(problem, plan.stages)
+            floor = allocation_data_node_floor(problem, plan.stages)
             valid = res.finished and not plan_violations(plan)
             print(f"{n:>5} {name:<16} {took:>7.2f} {TARGET_S.get(n, 60.0):>8.0f} {res.makespan_s:>10.2f} "
                   f"{res.lower_bound_s:>8.2f} {res.makespan_s / res.lower_bound_s:>7.3f} {floor:>10.2f} "

@@ -3,7 +3,7 @@
 Both network tables (``gcp-2025``, ``aws-2022``) x their three settings (geo-distributed,
 single-cluster, 5-clusters) x two skip ratios (25 %: S = 4, L = 3; 33 %: S = 6, L = 4), 20
 nodes, the reference workload otherwise (6 microbatches of 8 samples per data node, memory 3).
-Every method plans through ``skippipe.plan.methods.make_plan`` (so on the allocation the
+Every method plans through ``skippipe.planner.methods.make_plan`` (so on the allocation the
 ``plan`` command would use, the same samples per iteration) and is simulated. Printed: the
 seconds per iteration of each method and SkipPipe's reduction against the full pipeline; a
 grouped bar chart is written (default ``docs/scheduler-table.png``).
@@ -20,8 +20,8 @@ import time
 from pathlib import Path
 
 from skippipe.cluster import SETTING_NAMES, TABLE_NAMES, load_cluster
-from skippipe.plan.methods import make_plan
-from skippipe.plan.problem import build_problem
+from skippipe.planner.methods import make_plan
+from skippipe.planner.problem import build_problem
 from skippipe.workload import Workload
 
 METHODS = ("full", "random", "skippipe-no-tc2", "skippipe")

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 
 from skippipe.cluster import cluster_from_dict
-from skippipe.plan.model import Microbatch, Plan, save_plan
-from skippipe.plan.problem import build_problem
+from skippipe.planfile import Microbatch, Plan, save_plan
+from skippipe.planner.problem import build_problem
 from skippipe.workload import Workload
 
 TINY_MODEL = {"preset": "tiny", "d_model": 32, "n_layers": 4, "n_heads": 2, "n_kv_heads": 1, "ffn_dim": 64, "ctx": 16}

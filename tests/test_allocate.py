@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import time
 
 import numpy as np
 import pytest
@@ -13,8 +12,7 @@ from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import maximum_bipartite_matching
 
 from skippipe.cluster import cluster_from_dict, load_cluster, preset_cluster
-from skippipe.plan.allocate import (
-    _held_karp,
+from skippipe.planner.allocation import (
     allocate,
     allocation_fitness,
     best_tour,
@@ -22,7 +20,8 @@ from skippipe.plan.allocate import (
     data_node_candidates,
     random_allocation,
 )
-from skippipe.plan.problem import build_problem
+from skippipe.planner.allocation.tours import _held_karp
+from skippipe.planner.problem import build_problem
 from skippipe.workload import Workload
 
 
@@ -103,14 +102,11 @@ def _is_allocation(problem, stages) -> bool:
     return [len(s) for s in stages] == problem.stage_sizes and sorted(x for s in stages for x in s) == list(range(problem.n))
 
 
-def test_allocation_is_valid_deterministic_and_fast():
+def test_allocation_is_valid_and_deterministic():
     p = _problem()
-    start = time.perf_counter()
     a = allocate(p, seed=1)
-    elapsed = time.perf_counter() - start
     assert _is_allocation(p, a)
     assert allocate(p, seed=1) == a
-    assert elapsed < 5.0  # about 0.3 s on an idle core; generous for a shared machine
     # the stage order is the cheapest tour: listing order scores as well as the best order
     assert allocation_fitness(p, a, ordered=True) == pytest.approx(allocation_fitness(p, a))
 
@@ -171,26 +167,24 @@ def test_small_memory_nodes_are_not_data_nodes():
     assert 0 not in data and 5 not in data
 
 
-def test_thousand_nodes_in_seconds():
-    """All-distinct link costs (points in a plane) are the slow case for the matchings."""
+def test_thousand_nodes():
+    """All-distinct link costs (points in a plane) are the slow case for the matchings (timed in
+    ``benchmarks/allocation.py``)."""
     rng = np.random.default_rng(0)
     pts = rng.random((1000, 2)) * 10
     t = np.sqrt(((pts[:, None] - pts[None]) ** 2).sum(-1)) + 0.35
     forward = rng.choice([1.0, 2.0], size=1000)
     p = build_problem(cluster_from_dict({"transfer_s": t.tolist(), "forward_s": forward.tolist()}), Workload())
-    start = time.perf_counter()
     stages = allocate(p, seed=0)
-    assert time.perf_counter() - start < 30.0  # ~1.5 s on an idle core
     assert _is_allocation(p, stages)
     assert np.all(forward[stages[0]] == 1.0)  # 500 fast nodes for 250 data slots
     assert allocation_fitness(p, stages) < allocation_fitness(p, random_allocation(p, rng))
 
 
-def test_time_limit_cuts_the_search():
+def test_time_limit_cuts_the_search(fake_clock):
     p = build_problem(preset_cluster("gcp-2025", "geo-distributed", 300), Workload())
-    start = time.perf_counter()
     stages = allocate(p, seed=0, time_limit_s=0.05)
-    assert time.perf_counter() - start < 10.0
+    assert fake_clock.readings < 1000  # stopped at the limit, not by the budget
     assert _is_allocation(p, stages)
 
 

@@ -9,13 +9,12 @@ from hypothesis import strategies as st
 
 from skippipe.cluster import cluster_from_dict, load_cluster
 from skippipe.errors import UserError
-from skippipe.plan import methods
-from skippipe.plan.allocate import allocate, bottleneck_matching
-from skippipe.plan.baselines import full_chains, full_plan, random_plan
-from skippipe.plan.methods import make_plan
-from skippipe.plan.model import Constraints, Costs, Microbatch, Plan
-from skippipe.plan.problem import build_problem
-from skippipe.plan.validate import plan_violations
+from skippipe.planfile import Constraints, Costs, Microbatch, Plan, plan_violations
+from skippipe.planner import methods
+from skippipe.planner.allocation import allocate, bottleneck_matching
+from skippipe.planner.baselines import full_chains, full_plan, random_plan
+from skippipe.planner.methods import make_plan
+from skippipe.planner.problem import build_problem
 from skippipe.sim import simulate
 from skippipe.workload import Workload
 
@@ -79,7 +78,7 @@ def test_random_plan_obeys_rules_and_caps():
 
 
 def test_random_plan_with_tight_jumps():
-    p = _problem("gcp20-current-free", max_jump=1, max_swaps=2)
+    p = _problem("gcp20-current-free", max_jump=2, max_swaps=2)  # at most one stage skipped at once
     plan = random_plan(p, seed=0)
     assert plan_violations(plan) == []
 
@@ -110,7 +109,7 @@ def problems(draw):
     wl = Workload(
         num_stages=s, path_length=path_length, n_layers=s * draw(st.integers(1, 3)),
         microbatches_per_data_node=draw(st.integers(1, 6)), memory=memory,
-        max_swaps=draw(st.integers(0, 2)), max_jump=draw(st.integers(s - path_length, 4)),
+        max_swaps=draw(st.integers(0, 2)), max_jump=draw(st.integers(s - path_length + 1, max(4, s - path_length + 1))),
     )
     c = cluster_from_dict({"transfer_s": t.tolist(), "forward_s": forward.tolist()})
     return build_problem(c, wl), seed
@@ -168,9 +167,6 @@ def test_make_plan_refuses_a_plan_that_deadlocks(monkeypatch):
         make_plan("deadlock", _problem())
 
 
-def test_unknown_or_missing_method(monkeypatch):
+def test_unknown_method():
     with pytest.raises(UserError, match="unknown method"):
         make_plan("magic", _problem())
-    monkeypatch.setitem(methods.METHODS, "gone", methods._lazy("gone", "skippipe.plan.no_such_module", "plan"))
-    with pytest.raises(UserError, match="not available"):
-        make_plan("gone", _problem())

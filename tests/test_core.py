@@ -9,14 +9,13 @@ import pytest
 
 from skippipe.cluster import cluster_from_dict, load_cluster, preset_cluster
 from skippipe.errors import ClusterError, PlanError, UserError
-from skippipe.plan.model import Microbatch, Plan, load_plan, save_plan
-from skippipe.plan.problem import build_problem
-from skippipe.plan.validate import path_rule_violation, plan_violations
+from skippipe.planfile import Microbatch, Plan, load_plan, path_rule_violation, plan_violations, save_plan
+from skippipe.planner.problem import build_problem
 from skippipe.workload import Workload
 
 
 def test_planning_imports_without_torch():
-    code = "import sys, skippipe.cluster, skippipe.plan.problem, skippipe.plan.validate; print('torch' in sys.modules)"
+    code = "import sys, skippipe.cluster, skippipe.planner.problem, skippipe.planfile; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
@@ -68,7 +67,8 @@ def test_bad_workloads():
 
 def _tiny_plan() -> Plan:
     c = cluster_from_dict({"transfer_s": np.ones((6, 6)).tolist(), "forward_s": 1.0})
-    p = build_problem(c, Workload(num_stages=3, path_length=2, microbatches_per_data_node=2, n_layers=3, memory=2, stage_sizes=(2, 2, 2)))
+    w = Workload(num_stages=3, path_length=2, microbatches_per_data_node=2, n_layers=3, memory=2, stage_sizes=(2, 2, 2))
+    p = build_problem(c, w)
     stages = [[0, 1], [2, 3], [4, 5]]
     mbs = [Microbatch(0, 0, [2]), Microbatch(1, 0, [4]), Microbatch(2, 1, [3]), Microbatch(3, 1, [5])]
     return p.make_plan(stages, mbs, method="test", seed=0)
@@ -105,8 +105,10 @@ def test_truncated_plan_file(tmp_path):
         ([3, 1], False),  # swap of distance 2
         ([2, 1, 4, 3], False),  # two swaps with max_swaps=1
         ([1, 1], False),
-        ([5], True),  # skips 4 stages
-        ([6], False),  # skips 5 > max_jump
+        ([4], True),  # 4 stages past the frontier 0 (3 skipped)
+        ([5], False),  # 5 > max_jump stages past the frontier: 0 -> 5 is forbidden
+        ([2, 1, 5], True),  # 5 - 2 = 3 past the frontier 2
+        ([1, 6], False),  # 6 - 1 = 5 > max_jump
     ],
 )
 def test_path_rules(stages, ok):

@@ -11,7 +11,7 @@ from skippipe.data.corpora import bible, clean_markdown, shakespeare, shard_boun
 from skippipe.data.dataset import load_token_data
 from skippipe.data.tokenizer import ByteTokenizer, cached_bpe, train_bpe
 from skippipe.errors import UserError
-from skippipe.train.toy_plans import full_plan, skip_plan
+from toy_plans import full_plan, skip_plan
 
 SAMPLE_TEXT = [
     "To be, or not to be, that is the question:\nWhether 'tis nobler in the mind to suffer\n",
@@ -151,6 +151,6 @@ def test_data_and_config_modules_import_without_torch():
     import sys
 
     code = ("import sys, skippipe.train.config, skippipe.model.config, skippipe.data.batches, "
-            "skippipe.data.dataset, skippipe.train.toy_plans; print('torch' in sys.modules)")
+            "skippipe.data.dataset; print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

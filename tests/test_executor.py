@@ -9,8 +9,7 @@ import torch
 from skippipe.errors import UserError
 from skippipe.model.config import ModelConfig
 from skippipe.model.llama import Llama
-from skippipe.plan.model import Constraints, Costs, Microbatch, Plan
-from skippipe.plan.validate import check_plan
+from skippipe.planfile import Constraints, Costs, Microbatch, Plan, check_plan
 from skippipe.train.config import TrainConfig, load_train_config, train_config_from_dict
 from skippipe.train.executor import ReferenceExecutor, plan_batch_fn
 from skippipe.train.grads import (
@@ -22,7 +21,7 @@ from skippipe.train.grads import (
     stage_visits,
 )
 from skippipe.train.optim import lr_at, make_optimizer, set_lr
-from skippipe.train.toy_plans import full_plan, skip_plan
+from toy_plans import full_plan, skip_plan
 
 torch.set_num_threads(1)
 

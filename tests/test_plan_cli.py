@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from skippipe.cli import main
-from skippipe.plan.model import load_plan
+from skippipe.planfile import load_plan
 from skippipe.sim import simulate
 
 
@@ -99,7 +99,9 @@ BAD_FLAGS = {
     "missing cluster file": (["--cluster", "missing.json"], "no such file"),
     "L larger than S": (["--cluster", "gcp-2025/geo-distributed/20", "--stages", "4", "--path-length", "5"], "path_length L=5"),
     "stage sizes do not add up": (
-        ["--cluster", "gcp-2025/geo-distributed/20", "--stage-sizes", "5,3,3,3,3,2"], "add up to 19 nodes but the cluster has 20"),
+        ["--cluster", "gcp-2025/geo-distributed/20", "--stage-sizes", "5,3,3,3,3,2"],
+        "add up to 19 nodes but the cluster has 20",
+    ),
     "stage sizes not numbers": (["--cluster", "gcp-2025/geo-distributed/20", "--stage-sizes", "5,x"], "comma-separated"),
     "memory zero": (["--cluster", "gcp-2025/geo-distributed/20", "--memory", "0"], "memory M=0 is too small to make any plan"),
     "bad time limit": (["--cluster", "gcp-2025/geo-distributed/20", "--time-limit", "0"], "time-limit"),

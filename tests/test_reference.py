@@ -1,4 +1,5 @@
-"""Replaying the reference's plans: figures within 10 %, floors, how microbatches are built."""
+"""Replaying the reference's plans: every valid figure within 2.3 % (as the docs claim; the largest gap is +2.22 %),
+floors, how microbatches are built."""
 
 from __future__ import annotations
 
@@ -7,10 +8,17 @@ from collections import Counter
 import pytest
 
 from skippipe.bounds import memory_floor
-from skippipe.plan.validate import plan_violations
+from skippipe.planfile import plan_violations
 from skippipe.reference import (
-    INSTANCES, INVALID_FIGURES, METHODS, load_reference, reference_figure, reference_plan, reference_problem,
-    reference_stages, rule_breaks,
+    INSTANCES,
+    INVALID_FIGURES,
+    METHODS,
+    load_reference,
+    reference_figure,
+    reference_plan,
+    reference_problem,
+    reference_stages,
+    rule_breaks,
 )
 from skippipe.sim import simulate
 
@@ -21,11 +29,11 @@ VALID = [
 
 
 @pytest.mark.parametrize("instance, method", VALID)
-def test_replay_within_ten_percent(instance, method):
+def test_replay_within_claimed_tolerance(instance, method):
     plan = reference_plan(instance, method)
     res = simulate(plan, record=False)
     assert res.finished
-    assert res.makespan_s == pytest.approx(reference_figure(instance, method), rel=0.10)
+    assert res.makespan_s == pytest.approx(reference_figure(instance, method), rel=0.023)
 
 
 def test_reference_figures_come_from_the_files():
@@ -43,7 +51,7 @@ def test_lost_microbatches_of_the_reference_random_plan():
     # the pair partners it lost: second microbatch of agents 12 and 13 (ids 25 and 27)
     assert [plan.microbatch(i).after for i in (25, 27)] == [24, 26]
     rest = max(f for i, f in res.finish_s.items() if i not in (25, 27))
-    assert rest == pytest.approx(reference_figure("current", "random"), rel=0.10)
+    assert rest == pytest.approx(reference_figure("current", "random"), rel=0.023)
     assert res.makespan_s > 1.5 * rest  # the lost pair runs over the 132 s NL-London link twice
 
 
@@ -97,7 +105,6 @@ def test_full_pipeline_replays():
 
 def test_replays_obey_path_rules_and_report_tc1_breaks():
     for instance in INSTANCES:
-        problem = reference_problem(instance)
         for method in METHODS:
             plan = reference_plan(instance, method)
             assert plan.constraints.max_load is None

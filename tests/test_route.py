@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -16,14 +15,14 @@ from hypothesis import strategies as st
 
 from skippipe.cluster import Cluster, load_cluster
 from skippipe.errors import UserError
-from skippipe.plan.allocate import allocate
-from skippipe.plan.problem import build_problem
-from skippipe.plan.route import plan_no_tc2, plan_skippipe
-from skippipe.plan.route_bounds import data_node_floor, trip_floor
-from skippipe.plan.route_assign import sequence_quotas
-from skippipe.plan.route_eval import Evaluator, Incremental
-from skippipe.plan.route_paths import RouteCosts, cheapest_path, node_classes, stage_sequences
-from skippipe.plan.validate import path_rule_violation, plan_violations
+from skippipe.planfile import path_rule_violation, plan_violations
+from skippipe.planner.allocation import allocate
+from skippipe.planner.floors import allocation_data_node_floor, trip_floor
+from skippipe.planner.problem import build_problem
+from skippipe.planner.routing.assign import sequence_quotas
+from skippipe.planner.routing.evaluate import Evaluator, Incremental
+from skippipe.planner.routing.schedule import plan_no_tc2, plan_skippipe
+from skippipe.planner.routing.sequences import RouteCosts, cheapest_path, node_classes, stage_sequences
 from skippipe.reference import reference_problem, reference_stages
 from skippipe.sim import simulate
 from skippipe.workload import Workload
@@ -152,13 +151,13 @@ def test_no_plan_beats_the_data_node_floor(problem):
     if caps_leave_no_routing(problem, 0):
         return
     for plan in (plan_no_tc2(problem), plan_skippipe(problem, budget=100)):
-        assert finished(plan) >= data_node_floor(problem, plan.stages) - 1e-9
+        assert finished(plan) >= allocation_data_node_floor(problem, plan.stages) - 1e-9
 
 
 def test_trip_floor_is_reached_on_the_shipped_instance():
     """The sharper floor is attained: the shipped instance's last data node cannot do better."""
     problem = reference_problem("shipped")
-    floor = data_node_floor(problem, reference_stages("shipped"))
+    floor = allocation_data_node_floor(problem, reference_stages("shipped"))
     assert floor == pytest.approx(33.0538, abs=1e-3)
     assert trip_floor(10.0, 1.0, 1.5, 3, 3, 0.1, 0.1) == pytest.approx(2 * 1.1 + 10.0)
     plan = plan_skippipe(problem, seed=0, budget=3000)
@@ -181,12 +180,12 @@ def test_deterministic_for_a_seed():
     assert json.dumps(a.to_dict(), sort_keys=True) == json.dumps(b.to_dict(), sort_keys=True)
 
 
-def test_time_limit_is_respected():
+def test_time_limit_is_respected(fake_clock):
+    """With a budget it could never spend, the search stops at the time limit (a fake clock that
+    advances 10 ms per reading, so the test does not depend on the machine's speed)."""
     problem = build_problem(load_cluster("gcp-2025/geo-distributed/60"), Workload())
-    t = time.perf_counter()
     plan = plan_skippipe(problem, seed=0, time_limit_s=1.5, budget=10**9)
-    took = time.perf_counter() - t
-    assert took < 1.5 + 2.0  # the budget is cut; building and checking the plan file comes on top
+    assert fake_clock.readings < 10**5
     assert plan_violations(plan) == []
     finished(plan)
 
@@ -226,7 +225,7 @@ def test_component_scores_equal_whole_plan_simulation(problem):
 
 
 def test_planning_does_not_import_torch():
-    code = "import sys, skippipe.plan.route; print('torch' in sys.modules)"
+    code = "import sys, skippipe.planner.routing.schedule; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
@@ -299,7 +298,7 @@ def _brute_force_best(problem) -> float:
                         load[x] = load.get(x, 0) + 1
                 if any(load.get(x, 0) > caps[x] for x in rest):
                     continue
-                from skippipe.plan.model import Microbatch
+                from skippipe.planfile import Microbatch
                 mbs = [Microbatch(id=i, data_node=d, path=list(p)) for i, (d, p) in enumerate(zip(owners, choice))]
                 plan = problem.make_plan(stages, mbs, method="brute", seed=0)
                 assert not plan_violations(plan)
@@ -310,7 +309,7 @@ def _brute_force_best(problem) -> float:
 @pytest.mark.parametrize("seed", [0, 1, 2])
 @pytest.mark.parametrize("n, sizes, L, m, memory", [(6, (2, 2, 2), 2, 2, 1), (5, (1, 2, 2), 3, 2, 1)])
 def test_free_allocation_floor_holds_by_brute_force(seed, n, sizes, L, m, memory):
-    from skippipe.plan.route_bounds import free_allocation_floor
+    from skippipe.planner.floors import free_allocation_floor
 
     problem = _tiny_free_problem(seed, n, sizes, L, m, memory)
     floor = free_allocation_floor(problem)
@@ -325,7 +324,7 @@ def test_free_allocation_floor_holds_by_brute_force(seed, n, sizes, L, m, memory
 def test_free_allocation_floor_counts_the_remote_load():
     """On the tiny instance with a remote node the load term is what binds (the remote node
     cannot be a data node cheaply, and whoever visits it is slow)."""
-    from skippipe.plan.route_bounds import free_allocation_floor
+    from skippipe.planner.floors import free_allocation_floor
 
     problem = _tiny_free_problem(0, 6, (2, 2, 2), 2, 2, 1)
     assert free_allocation_floor(problem).value > free_allocation_floor(problem, max_sets=0).value + 0.5
@@ -333,7 +332,7 @@ def test_free_allocation_floor_counts_the_remote_load():
 
 def test_free_allocation_floor_of_the_current_instance_is_above_the_target():
     """Issue 5, target 3 (own allocation <= 0.70 x 77.72 s = 54.40 s) cannot be met."""
-    from skippipe.plan.route_bounds import free_allocation_floor
+    from skippipe.planner.floors import free_allocation_floor
 
     problem = build_problem(load_cluster("gcp20-current-free"), reference_problem("current").workload)
     floor = free_allocation_floor(problem)
@@ -348,7 +347,7 @@ def test_no_tc2_keeps_each_round_within_the_slots_on_the_current_instance():
     """The static load rule: a data node injects round by round (M at a time) and no node gets
     more microbatches of one round than it has activation slots (a path within the limit
     exists on this instance, and no path beyond it is less than half as costly)."""
-    from skippipe.plan.route_assign import round_of
+    from skippipe.planner.routing.assign import round_of
 
     problem = reference_problem("current")
     plan = plan_no_tc2(problem)

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from runtime_fixtures import seven_node_plan, write_config
 from safetensors.torch import load_file
 
+from runtime_fixtures import seven_node_plan, write_config
 from skippipe.data.dataset import token_data_for
 from skippipe.runtime.config import load_run_config
 from skippipe.runtime.job import prepare, train

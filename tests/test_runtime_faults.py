@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
-from runtime_fixtures import seven_node_plan, write_config
 
+from runtime_fixtures import seven_node_plan, write_config
 from skippipe.runtime import checkpoint as ckpt
 
 pytestmark = pytest.mark.slow
@@ -77,7 +77,7 @@ def test_train_with_a_missing_plan_file_or_bad_config(tmp_path):
     cfg.write_text(json.dumps(data))
     out = _skippipe("train", str(cfg), "--no-progress")
     assert out.returncode == 2 and _error_lines(out.stderr) == [
-        f"skippipe train: error: runtime: time_scale must be > 0, got -1.0"
+        "skippipe train: error: runtime: time_scale must be > 0, got -1.0"
     ]
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from runtime_fixtures import seven_node_plan, write_config
 from safetensors.torch import load_file
 
+from runtime_fixtures import seven_node_plan, write_config
 from skippipe.cli import main
 from skippipe.runtime import checkpoint as ckpt
 from skippipe.runtime.metrics import read_metrics

@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from runtime_fixtures import seven_node_plan, write_config
 
+from runtime_fixtures import seven_node_plan, write_config
 from skippipe.model.checkpoint import load_checkpoint
 from skippipe.runtime import checkpoint as ckpt
 from skippipe.runtime.metrics import read_metrics
@@ -43,7 +43,8 @@ def test_shipped_example_end_to_end(tmp_path):
 
 def test_worker_runs_under_torchrun(tmp_path):
     cfg = write_config(tmp_path, seven_node_plan(), steps=2)
-    assert subprocess.run([sys.executable, "-m", "skippipe.cli", "train", str(cfg), "--plan-only"], capture_output=True).returncode == 0
+    cmd = [sys.executable, "-m", "skippipe.cli", "train", str(cfg), "--plan-only"]
+    assert subprocess.run(cmd, capture_output=True).returncode == 0
     run = tmp_path / "run"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MASTER_", "RANK", "WORLD_SIZE"))}
     out = subprocess.run(

@@ -13,12 +13,12 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from runtime_fixtures import seven_node_plan
 
+from runtime_fixtures import seven_node_plan
 from skippipe.cluster import load_cluster
 from skippipe.errors import UserError
-from skippipe.plan.methods import make_plan
-from skippipe.plan.problem import build_problem
+from skippipe.planner.methods import make_plan
+from skippipe.planner.problem import build_problem
 from skippipe.runtime import checkpoint as ckpt
 from skippipe.runtime.accumulate import OrderedGradAccumulator
 from skippipe.runtime.config import load_run_config, run_config_from_dict
@@ -30,7 +30,10 @@ from skippipe.workload import Workload
 
 
 def test_runtime_config_modules_import_without_torch():
-    code = "import sys, skippipe.runtime.config, skippipe.runtime.schedule, skippipe.runtime.emulation; print('torch' in sys.modules)"
+    code = (
+        "import sys, skippipe.runtime.config, skippipe.runtime.schedule, skippipe.runtime.emulation; "
+        "print('torch' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
@@ -42,8 +45,7 @@ def replay(plan, policy: str = "fifo") -> dict[int, list[str]]:
     """Drive one NodeSchedule per node through the plan's costs with the simulator's event rules
     (arrivals before node wake-ups at equal times; a node idles its gap after each operation)."""
     c = plan.costs
-    T, fwd = np.asarray(c.transfer_s), np.asarray(c.forward_s)
-    dur = {"F": lambda n: fwd[n], "L": lambda n: fwd[n] * c.loss_factor, "B": lambda n: fwd[n] * c.backward_factor}
+    T = np.asarray(c.transfer_s)
     scheds = {n: NodeSchedule(plan, n, policy) for n in range(plan.n_nodes)}
     own = {mb.id: mb for mb in plan.microbatches}
     events: list[tuple] = []
@@ -77,7 +79,7 @@ def replay(plan, policy: str = "fifo") -> dict[int, list[str]]:
         kind, mb = op
         scheds[node].started(kind, mb)
         order[node].append(f"{kind}{mb}")
-        end = t + dur[kind](node)
+        end = t + c.op_s(node, kind)
         injection = kind == "F" and own[mb].data_node == node
         free_at[node] = end + (c.inject_gap_s if injection else c.op_gap_s)
         heapq.heappush(events, (end, 2, next(seq), (node, kind, mb)))
@@ -99,7 +101,8 @@ def replay(plan, policy: str = "fifo") -> dict[int, list[str]]:
 @pytest.mark.parametrize("method", ["full", "random", "skippipe"])
 @pytest.mark.parametrize("seed", [0, 1])
 def test_node_schedules_make_the_simulators_decisions(method, seed):
-    problem = build_problem(load_cluster("gcp-2025/geo-distributed/10"), Workload(num_stages=4, path_length=3, microbatches_per_data_node=4, memory=2, n_layers=8))
+    workload = Workload(num_stages=4, path_length=3, microbatches_per_data_node=4, memory=2, n_layers=8)
+    problem = build_problem(load_cluster("gcp-2025/geo-distributed/10"), workload)
     plan = make_plan(method, problem, seed=seed, time_limit_s=5)
     assert replay(plan) == simulate(plan).processing_order()
 
@@ -126,12 +129,15 @@ def test_memory_cap_holds_back_forwards():
     for mb in (0, 1, 3):
         s.arrived("F", mb, 0.0)
     assert s.next_op(0.0) == ("F", 0)
-    s.started("F", 0); s.finished("F", 0)
-    s.started("F", 1); s.finished("F", 1)
+    s.started("F", 0)
+    s.finished("F", 0)
+    s.started("F", 1)
+    s.finished("F", 1)
     assert s.next_op(1.0) is None  # two activations held: F3 must wait
     s.arrived("B", 0, 1.0)
     assert s.next_op(1.0) == ("B", 0)
-    s.started("B", 0); s.finished("B", 0)
+    s.started("B", 0)
+    s.finished("B", 0)
     assert s.next_op(2.0) == ("F", 3)
     assert expected_messages(plan, 4) == 8 and expected_messages(plan, 0) == 6
 
@@ -154,7 +160,7 @@ def test_emulation_delays_and_padding_follow_the_plan():
     em = Emulation.from_plan(plan, enabled=True, time_scale=0.1)
     assert em.link_delay_s(0, 2) == pytest.approx(plan.costs.transfer_s[0, 2] * 0.1)
     assert em.link_delay_s(3, 3) == 0.0
-    assert em.op_s(2, "B") == pytest.approx(plan.costs.forward_s[2] * plan.costs.backward_factor)
+    assert em.costs.op_s(2, "B") == pytest.approx(plan.costs.forward_s[2] * plan.costs.backward_factor)
     assert Emulation.from_plan(plan, enabled=False, time_scale=0.1).link_delay_s(0, 2) == 0.0
 
 
@@ -172,7 +178,7 @@ def test_ordered_accumulation_is_independent_of_arrival_order(perm):
         layer.zero_grad(set_to_none=True)
         acc = OrderedGradAccumulator(layer, list(range(5)))
         for i in order:
-            acc.capture(i, lambda: layer(xs[i]).pow(2).sum().backward(), last=True)
+            acc.capture(i, lambda i=i: layer(xs[i]).pow(2).sum().backward(), last=True)
         assert acc.done
         return [p.grad.clone() for p in layer.parameters()]
 

@@ -14,8 +14,7 @@ from hypothesis import strategies as st
 
 from skippipe.bounds import compute_bound, data_node_floor, lower_bound, memory_floor
 from skippipe.errors import PlanError
-from skippipe.plan.model import Constraints, Costs, Microbatch, Plan
-from skippipe.plan.validate import path_rule_violation, plan_violations
+from skippipe.planfile import Constraints, Costs, Microbatch, Plan, path_rule_violation, plan_violations
 from skippipe.sim import simulate
 
 
@@ -191,8 +190,10 @@ def test_memory_floor_respects_path_rules():
     costs = Costs(transfer_s=T, forward_s=np.ones(3))
     fast = memory_floor(stages, costs, 1, 1, 2, 1, 4)
     assert fast == pytest.approx(2.75 + 4 * 1.0 + 2.5)  # four hops: out, back, out, back
-    # with max_jump = 0 stage 2 cannot come first, the path must go through node 1
-    slow = memory_floor(stages, costs, 1, 1, 2, 1, 0)
+    # with max_jump = 1 stage 2 cannot come first (0 -> 2 goes 2 stages past the frontier), the
+    # path must go through node 1; with max_jump = 0 no stage above the frontier can be visited
+    slow = memory_floor(stages, costs, 1, 1, 2, 1, 1)
+    assert memory_floor(stages, costs, 1, 1, 2, 1, 0) == float("inf")
     assert slow == pytest.approx(2.75 + 4 * 10.0 + 2.5)
 
 
@@ -280,7 +281,8 @@ def test_random_plans_obey_the_rules(plan):
         return
     check_timeline(plan, res)
     assert res.makespan_s >= res.lower_bound_s - 1e-9
-    assert res.makespan_s == pytest.approx(max(o.end for o in res.ops if o.kind == "B" and o.node == plan.microbatch(o.mb).data_node))
+    data_node_ends = [o.end for o in res.ops if o.kind == "B" and o.node == plan.microbatch(o.mb).data_node]
+    assert res.makespan_s == pytest.approx(max(data_node_ends))
     # replaying the executed order reproduces the timeline exactly
     replay = simulate(plan, processing_order=res.processing_order())
     assert replay.finished

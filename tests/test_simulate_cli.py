@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from skippipe.cli import main
-from skippipe.plan.model import Constraints, Costs, Microbatch, Plan, save_plan
+from skippipe.planfile import Constraints, Costs, Microbatch, Plan, save_plan
 from skippipe.reference import reference_plan
 from skippipe.sim import simulate
 

@@ -1,6 +1,6 @@
 """skippipe: partial and reordered pipeline training over slow, uneven networks.
 
-Planning and simulation (``skippipe.cluster``, ``skippipe.costs``, ``skippipe.plan``,
+Planning and simulation (``skippipe.cluster``, ``skippipe.costs``, ``skippipe.planfile``, ``skippipe.planner``,
 ``skippipe.sim``) are pure Python + numpy and never import torch.
 """
 

@@ -28,12 +28,12 @@ data-node floor (sharper; also only the allocation)
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from hashlib import blake2b
 
 import numpy as np
 
-from skippipe.plan.model import Costs, Plan
+from skippipe.planfile import Costs, Plan
 
 _CACHE: dict[bytes, float] = {}
 _CACHE_SIZE = 256
@@ -55,7 +55,7 @@ def _node_load(plan: Plan) -> tuple[list[float], list[int], list[float]]:
     work, count, gaps = [], [], []
     for x in range(n):
         k = f_count[x] + inject[x]  # forwards == backwards
-        work.append(float(fwd[x] * (k * (1.0 + c.backward_factor) + loss[x] * c.loss_factor)))
+        work.append(float(fwd[x] * (k * c.visit_factor + loss[x] * c.op_factor("L"))))
         count.append(2 * k + loss[x])
         gaps.append(inject[x] * c.inject_gap_s + (2 * k + loss[x] - inject[x]) * c.op_gap_s)
     return work, count, gaps
@@ -81,7 +81,7 @@ def _stage_moves(num_stages: int, max_jump: int):
 
     def succ(state):
         s, f, open_ = state
-        for t in range(f + 1, min(num_stages - 1, f + 1 + max_jump) + 1):
+        for t in range(f + 1, min(num_stages - 1, f + max_jump) + 1):
             yield (t, t, t - 1 > f), False
         if open_ and s == f:
             yield (f - 1, f, False), True
@@ -106,7 +106,7 @@ def round_trip_chain(
         return {d: 0.0 for d in data}
     members = [np.asarray(s, dtype=int) for s in stages]
     both = T + T.T
-    visit = fwd * (1.0 + costs.backward_factor)
+    visit = fwd * costs.visit_factor
     W = both + visit[None, :]  # W[u, v]: hop u -> v and back, plus F and B on v
     d_idx = np.asarray(data, dtype=int)
     succ = _stage_moves(S, max_jump)
@@ -170,7 +170,7 @@ def _data_node_trips(
         if counts[d] <= 0:
             continue
         f = float(fwd[d])
-        own = f * (1.0 + costs.loss_factor + costs.backward_factor)
+        own = f * costs.own_factor
         trips.append((counts[d], max(1, mem[d]), f, own + max(chain[d], costs.inject_gap_s + costs.op_gap_s)))
     return trips
 
@@ -222,7 +222,7 @@ def data_node_floor(
     trips = _data_node_trips(stages, costs, memory, microbatches_per_data_node, path_length, max_swaps, max_jump)
     floor = 0.0
     for m, slots, f, trip in trips:
-        floor = max(floor, trip_floor(trip, f, f * costs.backward_factor, m, slots, costs.inject_gap_s, costs.op_gap_s))
+        floor = max(floor, trip_floor(trip, f, f * costs.op_factor("B"), m, slots, costs.inject_gap_s, costs.op_gap_s))
     return floor
 
 
@@ -236,7 +236,7 @@ def plan_data_node_floor(plan: Plan) -> float:
     return _plan_floor(plan, data_node_floor)
 
 
-def _plan_floor(plan: Plan, floor_of) -> float:  # noqa: ANN001
+def _plan_floor(plan: Plan, floor_of: Callable[..., float]) -> float:
     counts: dict[int, int] = {}
     for mb in plan.microbatches:
         counts[mb.data_node] = counts.get(mb.data_node, 0) + 1

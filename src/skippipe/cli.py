@@ -2,7 +2,8 @@
 provides ``add_arguments(parser)`` and ``run(args) -> int``; modules are imported only when
 their command runs, so planning commands never import torch.
 
-Every user-facing error is one line on stderr and exit code 2, never a traceback.
+Every user-facing error is one line on stderr and a non-zero exit code (2: bad input, 3: a run
+failed, 1: an unexpected error), never a traceback.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import os
 import sys
 
 from skippipe.errors import UserError
@@ -54,11 +56,25 @@ def main(argv: list[str] | None = None) -> int:
         module = importlib.import_module(f"skippipe.commands.{args.command}")
         return int(module.run(args) or 0)
     except UserError as exc:
-        print(f"skippipe {args.command}: error: {exc}", file=sys.stderr)
-        return exc.exit_code
+        return _fail(args.command, str(exc), exc.exit_code)
     except KeyboardInterrupt:
         print(f"skippipe {args.command}: interrupted", file=sys.stderr)
         return 130
+    except OSError as exc:  # a file or folder the command could not read or write
+        where = f"{exc.filename}: " if exc.filename else ""
+        return _fail(args.command, f"{where}{exc.strerror or exc}", 2)
+    except (ValueError, TypeError, RecursionError, MemoryError, OverflowError) as exc:
+        if os.environ.get("SKIPPIPE_DEBUG"):
+            raise
+        text = " ".join(str(exc).split()) or type(exc).__name__
+        return _fail(args.command, f"unexpected {type(exc).__name__}: {text} (SKIPPIPE_DEBUG=1 shows the traceback)", 1)
+
+
+def _fail(command: str, message: str, code: int) -> int:
+    """Every failure is one line on stderr and a non-zero exit code."""
+    line = " ".join(message.split())
+    print(f"skippipe {command}: error: {line[:2000]}", file=sys.stderr)
+    return code
 
 
 if __name__ == "__main__":

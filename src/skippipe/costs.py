@@ -12,17 +12,46 @@ from dataclasses import dataclass
 
 import numpy as np
 
+# The operation-cost rule: an operation's seconds are the node's forward seconds times its factor.
+BACKWARD_FACTOR = 1.5
+LOSS_FACTOR = 0.25
+# The reference simulator idles a node for a moment after each operation.
+INJECT_GAP_S = 0.09
+OP_GAP_S = 0.13
+
+
+class OpCostRule:
+    """The one place the F/L/B cost rule lives: ``F`` costs the forward seconds ``w``, ``L`` (head +
+    loss on the data node) ``loss_factor * w``, ``B`` ``backward_factor * w``. Mixed into the
+    planner's :class:`CostModel` and the plan file's ``Costs``."""
+
+    backward_factor: float
+    loss_factor: float
+
+    def op_factor(self, kind: str) -> float:
+        """Multiple of the forward seconds that an operation ``F``, ``L`` or ``B`` takes."""
+        return {"F": 1.0, "L": self.loss_factor, "B": self.backward_factor}[kind]
+
+    @property
+    def visit_factor(self) -> float:
+        """A visit to a non-data stage: its forward and its backward."""
+        return 1.0 + self.backward_factor
+
+    @property
+    def own_factor(self) -> float:
+        """A data node's own work on each of its microbatches: injection, head + loss, backward."""
+        return 1.0 + self.loss_factor + self.backward_factor
+
 
 @dataclass(frozen=True)
-class CostModel:
+class CostModel(OpCostRule):
     t_layer_s: float = 0.055  # forward seconds per sample per layer on a speed-1.0 node
     bytes_per_value: int = 4  # fp32 activations
     hop_overhead_s: float = 0.35  # fixed cost of every inter-node send
-    backward_factor: float = 1.5
-    loss_factor: float = 0.25
-    # The reference simulator idles a node for a moment after each operation.
-    inject_gap_s: float = 0.09
-    op_gap_s: float = 0.13
+    backward_factor: float = BACKWARD_FACTOR
+    loss_factor: float = LOSS_FACTOR
+    inject_gap_s: float = INJECT_GAP_S
+    op_gap_s: float = OP_GAP_S
 
     def __post_init__(self) -> None:
         for name in ("t_layer_s", "backward_factor", "loss_factor"):

@@ -15,3 +15,7 @@ class PlanError(UserError):
 
 class ClusterError(UserError):
     """A cluster description that cannot be used."""
+
+
+class OutputError(UserError):
+    """An output path that cannot be written (checked before any work is done)."""

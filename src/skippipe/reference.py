@@ -25,15 +25,14 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
-from functools import lru_cache
+from functools import cache
 from importlib import resources
 from typing import Any
 
 from skippipe.cluster import load_cluster
 from skippipe.errors import UserError
-from skippipe.plan.model import Microbatch, Plan
-from skippipe.plan.problem import Problem, build_problem
-from skippipe.plan.validate import plan_violations
+from skippipe.planfile import Microbatch, Plan, plan_violations
+from skippipe.planner.problem import Problem, build_problem
 from skippipe.workload import Workload
 
 INSTANCES: dict[str, dict[str, Any]] = {
@@ -66,7 +65,7 @@ def _check(instance: str, method: str | None = None) -> None:
         raise UserError(f"unknown reference method {method!r} (known: {', '.join(METHODS)})")
 
 
-@lru_cache(maxsize=None)
+@cache
 def _load(instance: str) -> str:
     _check(instance)
     name = INSTANCES[instance]["file"]

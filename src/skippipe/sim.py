@@ -35,7 +35,7 @@ from heapq import heappop, heappush
 import numpy as np
 
 from skippipe.errors import PlanError
-from skippipe.plan.model import Plan, parse_op
+from skippipe.planfile import Plan, parse_op
 
 # operation kinds, as stored in the flat op tables
 _INJECT, _FWD, _LOSS, _BWD = 0, 1, 2, 3
@@ -134,7 +134,7 @@ def _compile(plan: Plan) -> _Compiled:
         bad = next(mb.id for mb in plan.microbatches if any(not 0 <= x < n for x in (mb.data_node, *mb.path)))
         raise PlanError(f"simulate: microbatch {bad} visits a node outside 0..{n - 1}")
     kind_a = np.asarray(kind, dtype=np.int64)
-    mult = np.array([1.0, 1.0, float(costs.loss_factor), float(costs.backward_factor)])
+    mult = np.array([costs.op_factor(_KIND_CHAR[k]) for k in range(4)])
     gaps = np.array([float(costs.inject_gap_s)] + [float(costs.op_gap_s)] * 3)
     mbl = np.repeat(np.arange(len(ids)), sizes).tolist()
     token = [f"{_KIND_CHAR[k]}{ids[m]}" for k, m in zip(kind, mbl)]

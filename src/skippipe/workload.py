@@ -24,7 +24,7 @@ class Workload:
     ctx: int = 1024
     n_layers: int = 24
     max_swaps: int = 1
-    max_jump: int = 4
+    max_jump: int = 4  # a visit goes at most this many stages past the highest one reached (CC3)
     stage_sizes: tuple[int, ...] | None = None  # nodes per stage; derived when None
 
     def __post_init__(self) -> None:

@@ -19,11 +19,12 @@ from typing import Any
 
 from skippipe.commands.plan import add_planning_arguments, add_problem_arguments, problem_from_args, progress
 from skippipe.errors import UserError
+from skippipe.fileio import check_writable, check_writable_dir
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_problem_arguments(parser)
-    from skippipe.plan.methods import method_names
+    from skippipe.planner.methods import method_names
 
     names = method_names()
     parser.add_argument("--methods", default=",".join(names), metavar="A,B,..",
@@ -37,7 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _methods(text: str) -> list[str]:
-    from skippipe.plan.methods import method_names
+    from skippipe.planner.methods import method_names
 
     known = method_names()
     chosen = [m.strip() for m in text.split(",") if m.strip()]
@@ -51,8 +52,8 @@ def _methods(text: str) -> list[str]:
 
 def shared_problem(problem: Any, seed: int, time_limit_s: float | None) -> Any:
     """The problem with the allocation fixed, so that every method plans on the same stages."""
-    from skippipe.plan.allocate import allocate
-    from skippipe.plan.methods import with_allocation
+    from skippipe.planner.allocation import allocate
+    from skippipe.planner.methods import with_allocation
 
     if problem.fixed_stages is not None:
         return problem
@@ -62,8 +63,8 @@ def shared_problem(problem: Any, seed: int, time_limit_s: float | None) -> Any:
 def compare(problem: Any, methods: list[str], seed: int, time_limit_s: float | None, shared: bool,
             out_dir: Path | None = None) -> dict[str, Any]:
     """Plan and simulate every method; rows in the order given."""
-    from skippipe.plan.methods import make_plan
-    from skippipe.plan.model import save_plan
+    from skippipe.planfile import save_plan
+    from skippipe.planner.methods import make_plan
 
     rows: list[dict[str, Any]] = []
     with progress("comparing", len(methods) + int(shared)) as bar:
@@ -138,8 +139,10 @@ def run(args: argparse.Namespace) -> int:
     if args.chart and Path(args.chart).suffix.lower() != ".png":
         raise UserError(f"--chart {args.chart}: charts are PNG files; give a name ending in .png")
     out_dir = Path(args.out_dir) if args.out_dir else None
-    if out_dir is not None and out_dir.exists() and not out_dir.is_dir():
-        raise UserError(f"--out-dir {out_dir} exists and is not a folder")
+    if args.chart:
+        check_writable(args.chart, "chart")
+    if out_dir is not None:
+        check_writable_dir(out_dir, "plan folder")
     problem = problem_from_args(args)
     doc = compare(problem, methods, args.seed, args.time_limit, args.allocation == "shared", out_dir)
     if args.chart:

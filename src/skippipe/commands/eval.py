@@ -24,7 +24,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--omit", type=_int_list, default=[], metavar="S,S", help="stages to leave out (not 0), e.g. 2,3")
     p.add_argument("--sweep", action="store_true", help="every number of omitted stages, averaged over choices")
     p.add_argument("--max-choices", type=int, default=20, help="with --sweep: at most this many choices per count")
-    p.add_argument("--stages", type=int, default=None, help="split the layers into this many equal stages (default: the checkpoint's)")
+    p.add_argument(
+        "--stages", type=int, default=None, help="split the layers into this many equal stages (default: the checkpoint's)"
+    )
     p.add_argument("--samples", type=int, default=64, help="validation windows (default 64)")
     p.add_argument("--seq-len", type=int, default=None, help="tokens per window (default: the training length)")
     p.add_argument("--corpus", default=None, help="comma-separated corpora (default: the training corpora)")
@@ -82,7 +84,8 @@ def run(args: argparse.Namespace) -> int:
         rows = omission_sweep(model, val, stage_layers, seq_len, args.samples, max_choices=args.max_choices, progress=True)
         base = rows[0].mean_ppl
         if args.json:
-            print(json.dumps([{"omitted": r.omitted, "choices": r.choices, "losses": r.losses, "mean_ppl": r.mean_ppl} for r in rows]))
+            rows_json = [{"omitted": r.omitted, "choices": r.choices, "losses": r.losses, "mean_ppl": r.mean_ppl} for r in rows]
+            print(json.dumps(rows_json))
             return 0
         print(f"{path}: {len(stage_layers)} stages {stage_layers}, {args.samples} windows x {seq_len} tokens")
         print("omitted  choices  mean loss  mean ppl  vs full")

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import argparse
 
-from skippipe.errors import UserError
-
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("checkpoint", help="skippipe checkpoint directory")
@@ -14,16 +12,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pathlib import Path
 
+    from skippipe.fileio import check_writable_dir
     from skippipe.model.checkpoint import load_checkpoint, load_model
     from skippipe.model.hf import export_hf
 
     ckpt = load_checkpoint(args.checkpoint)
     load_model(ckpt)  # checks the weights fit the config before anything is written
-    out = Path(args.hf)
-    if out.exists() and not out.is_dir():
-        raise UserError(f"{out}: exists and is not a directory")
+    out = check_writable_dir(args.hf, "export folder")
     export_hf(out, ckpt.model, ckpt.state_dict, ckpt.tokenizer_file)
     n = sum(t.numel() for t in ckpt.state_dict.values())
     print(f"exported {ckpt.path} (step {ckpt.step}, {n / 1e6:.2f} M parameters) to {out}: config.json, model.safetensors"

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from skippipe.errors import UserError
+from skippipe.fileio import check_writable
 
 # flag (dest) -> Workload field
 WORKLOAD_FLAGS = {
@@ -47,7 +48,8 @@ def add_problem_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--samples", type=int, metavar="b", help="samples per microbatch (default 8)")
     g.add_argument("--memory", type=int, metavar="M", help="activation slots per node, unless the cluster says otherwise (default 3)")
     g.add_argument("--max-swaps", type=int, metavar="K", help="swaps of adjacent stages per path (default 1)")
-    g.add_argument("--max-jump", type=int, metavar="J", help="stages a path may skip at once (default 4)")
+    g.add_argument("--max-jump", type=int, metavar="J", help="a visit may go at most J stages past the highest stage reached so far "
+                        "(default 4: at most 3 stages skipped at once)")
     g.add_argument("--layers", type=int, metavar="N", help="model layers (default 24)")
     g.add_argument("--d-model", type=int, metavar="D", help="model width, sets the activation size (default 1024)")
     g.add_argument("--ctx", type=int, metavar="T", help="context length, sets the activation size (default 1024)")
@@ -62,7 +64,7 @@ def add_planning_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_problem_arguments(parser)
-    from skippipe.plan.methods import method_names
+    from skippipe.planner.methods import method_names
 
     parser.add_argument("--method", default="skippipe", choices=method_names(), help="planning method (default skippipe)")
     add_planning_arguments(parser)
@@ -108,7 +110,7 @@ def _parse_sizes(text: str) -> list[int]:
 
 def problem_from_args(args: argparse.Namespace) -> Any:
     from skippipe.cluster import load_cluster
-    from skippipe.plan.problem import build_problem
+    from skippipe.planner.problem import build_problem
 
     cluster = load_cluster(args.cluster)
     workload = workload_from_args(args)
@@ -156,7 +158,7 @@ def format_summary(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def progress(desc: str, total: int):  # noqa: ANN201 - a tqdm bar
+def progress(desc: str, total: int) -> Any:
     """A progress bar on stderr, shown only when stderr is a terminal."""
     from tqdm import tqdm
 
@@ -169,14 +171,13 @@ def progress(desc: str, total: int):  # noqa: ANN201 - a tqdm bar
 def run(args: argparse.Namespace) -> int:
     import json
 
-    from skippipe.plan.methods import make_plan
-    from skippipe.plan.model import save_plan
+    from skippipe.planfile import save_plan
+    from skippipe.planner.methods import make_plan
 
     out = Path(args.out)
     if out.suffix.lower() != ".json":
         raise UserError(f"--out {out}: plan files are JSON; give a name ending in .json")
-    if out.exists() and out.is_dir():
-        raise UserError(f"--out {out} is a folder")
+    check_writable(out, "plan file")
     start = time.perf_counter()
     with progress(f"planning ({args.method})", 2) as bar:
         problem = problem_from_args(args)

@@ -15,7 +15,8 @@ from typing import Any
 
 from skippipe.bounds import compute_bound, plan_data_node_floor, plan_memory_floor
 from skippipe.errors import UserError
-from skippipe.plan.model import Plan, load_plan
+from skippipe.fileio import check_writable
+from skippipe.planfile import Plan, load_plan
 from skippipe.sim import SimResult, simulate
 
 
@@ -41,7 +42,10 @@ def summary(plan: Plan, result: SimResult) -> dict[str, Any]:
     waits = [0.0] * plan.n_nodes
     for op in result.ops:
         per_node[op.node].append(
-            {"mb": op.mb, "kind": op.kind, "start": round(op.start, 4), "end": round(op.end, 4), "wait": round(op.start - op.ready, 4)}
+            {
+                "mb": op.mb, "kind": op.kind, "start": round(op.start, 4), "end": round(op.end, 4),
+                "wait": round(op.start - op.ready, 4),
+            }
         )
         waits[op.node] += op.start - op.ready
     nodes = []
@@ -83,7 +87,8 @@ def format_table(doc: dict[str, Any], title: str) -> str:
         pct = 100.0 * row["busy_s"] / end if end else 0.0
         stage = "-" if row["stage"] is None else str(row["stage"])
         lines.append(
-            f"{row['node']:>5} {stage:>5} {row['ops']:>4} {row['busy_s']:>8.2f} {row['idle_s']:>8.2f} {pct:>6.1f}% {row['wait_s']:>8.2f}"
+            f"{row['node']:>5} {stage:>5} {row['ops']:>4} {row['busy_s']:>8.2f} {row['idle_s']:>8.2f} "
+            f"{pct:>6.1f}% {row['wait_s']:>8.2f}"
         )
     lines.append("")
     if doc["finished"]:
@@ -107,6 +112,8 @@ def format_table(doc: dict[str, Any], title: str) -> str:
 def run(args: argparse.Namespace) -> int:
     if args.gantt and not str(args.gantt).lower().endswith(".png"):
         raise UserError(f"{args.gantt}: the Gantt chart is written as PNG; give a file name ending in .png")
+    if args.gantt:
+        check_writable(args.gantt, "Gantt chart")
     plan = load_plan(args.plan)
     order = {} if args.fifo else None  # {} = no fixed order on any node
     result = simulate(plan, processing_order=order, record=True)

@@ -1,4 +1,4 @@
-"""``skippipe train CONFIG.toml``: plan (or load a plan), start one worker per plan node here,
+"""``skippipe train [CONFIG.toml]``: plan (or load a plan), start one worker per plan node here,
 train with a progress bar, write metrics, checkpoints and a timeline, print a summary."""
 
 from __future__ import annotations
@@ -9,7 +9,9 @@ from skippipe.errors import UserError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("config", help="run config (TOML), e.g. examples/train-tiny.toml")
+    parser.add_argument(
+        "config", nargs="?", help="run config (TOML); default: the embedded tiny run (examples/train-tiny.toml)"
+    )
     parser.add_argument("--run-dir", help="run folder (default: [run] dir of the config)")
     parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in the run folder")
     parser.add_argument("--fresh", action="store_true", help="delete an earlier run in the run folder first")
@@ -25,10 +27,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from skippipe.runtime.config import load_run_config
+    from skippipe.runtime.config import load_default_run_config, load_run_config
     from skippipe.runtime.job import format_summary, prepare, train
 
-    cfg = load_run_config(args.config)
+    cfg = load_run_config(args.config) if args.config else load_default_run_config()
     overrides: dict[str, dict] = {}
     if args.steps is not None:
         overrides["train"] = {"steps": args.steps}

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from skippipe.data.corpora import shard_bounds
-from skippipe.plan.model import Plan
+from skippipe.planfile import Plan
 
 
 def microbatch_ranks(plan: Plan) -> dict[int, int]:

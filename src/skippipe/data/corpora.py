@@ -59,7 +59,10 @@ def shakespeare() -> list[Document]:
     files = sorted(root.rglob("*.md"))
     if not files:
         raise UserError(f"no plays found under {root}")
-    return [Document(f"shakespeare/{f.relative_to(root).with_suffix('')}", clean_markdown(f.read_text(encoding="utf-8"))) for f in files]
+    return [
+        Document(f"shakespeare/{f.relative_to(root).with_suffix('')}", clean_markdown(f.read_text(encoding="utf-8")))
+        for f in files
+    ]
 
 
 def bible() -> list[Document]:

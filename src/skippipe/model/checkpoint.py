@@ -18,7 +18,6 @@ Every file is written atomically (temp file + rename); ``config.json`` is writte
 from __future__ import annotations
 
 import json
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,9 +25,9 @@ from typing import Any
 import torch
 
 from skippipe.errors import UserError
+from skippipe.fileio import atomic_write, atomic_write_text, name_inside
 from skippipe.model.config import ModelConfig, model_config_from_dict
-from skippipe.fileio import atomic_write, atomic_write_text
-from skippipe.plan.model import Plan
+from skippipe.planfile import Plan
 
 CHECKPOINT_FORMAT = "skippipe-checkpoint"
 CHECKPOINT_VERSION = 1
@@ -122,21 +121,35 @@ def _load_tensors(path: Path) -> dict[str, torch.Tensor]:
         raise UserError(f"{path}: cannot read safetensors ({exc})") from None
 
 
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def load_checkpoint(directory: str | Path) -> Checkpoint:
     d = Path(directory)
     cfg_path = d / "config.json"
     if not d.is_dir() or not cfg_path.is_file():
         raise UserError(f"{d}: not a checkpoint directory (no config.json)")
     try:
-        meta = json.loads(cfg_path.read_text())
+        meta = json.loads(cfg_path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise UserError(f"{cfg_path}: not valid JSON ({exc})") from None
+    except UnicodeDecodeError:
+        raise UserError(f"{cfg_path}: not a text file (not UTF-8)") from None
     if not isinstance(meta, dict) or meta.get("format") != CHECKPOINT_FORMAT:
         raise UserError(f"{d}: config.json is not a skippipe checkpoint (for a Hugging Face directory use --hf)")
-    if int(meta.get("version", 0)) > CHECKPOINT_VERSION:
-        raise UserError(f"{d}: checkpoint version {meta.get('version')} is newer than this skippipe reads")
+    version, step = meta.get("version", 0), meta.get("step", 0)
+    if not _is_int(version) or not _is_int(step) or step < 0:
+        raise UserError(f"{cfg_path}: version and step must be non-negative integers")
+    if version > CHECKPOINT_VERSION:
+        raise UserError(f"{d}: checkpoint version {version} is newer than this skippipe reads")
+    if not isinstance(meta.get("model") or {}, dict):
+        raise UserError(f"{cfg_path}: model must be an object of model settings")
     model = model_config_from_dict(dict(meta.get("model") or {}), where=f"{cfg_path}: model")
-    stage_layers = [list(map(int, ls)) for ls in meta.get("stage_layers") or [list(range(model.n_layers))]]
+    raw_layers = meta.get("stage_layers") or [list(range(model.n_layers))]
+    if not isinstance(raw_layers, list) or not all(isinstance(ls, list) and all(_is_int(x) for x in ls) for ls in raw_layers):
+        raise UserError(f"{cfg_path}: stage_layers must be a list of lists of layer ids")
+    stage_layers = [list(ls) for ls in raw_layers]
     full = d / "model.safetensors"
     if full.is_file():
         state = _load_tensors(full)
@@ -149,12 +162,12 @@ def load_checkpoint(directory: str | Path) -> Checkpoint:
         for p in shards:
             state.update(_load_tensors(p))
     tok = meta.get("tokenizer")
-    tok_file = d / tok if isinstance(tok, str) and tok != "bytes" else None
+    tok_file = name_inside(d, tok, "tokenizer") if tok is not None and tok != "bytes" else None
     if tok_file is not None and not tok_file.is_file():
         raise UserError(f"{d}: config.json names tokenizer {tok!r}, which is missing")
     plan_file = d / "plan.json"
     return Checkpoint(
-        path=d, model=model, state_dict=state, step=int(meta.get("step", 0)), stage_layers=stage_layers,
+        path=d, model=model, state_dict=state, step=step, stage_layers=stage_layers,
         train=meta.get("train"), tokenizer_file=tok_file,
         tokenizer_kind="bytes" if tok == "bytes" else ("bpe" if tok_file else None),
         plan_file=plan_file if plan_file.is_file() else None,
@@ -176,6 +189,3 @@ def load_model(ckpt: Checkpoint) -> Any:
     return model
 
 
-def copy_tokenizer(ckpt: Checkpoint, destination: Path) -> None:
-    if ckpt.tokenizer_file is not None:
-        shutil.copyfile(ckpt.tokenizer_file, destination)

@@ -15,9 +15,9 @@ from typing import Any
 import torch
 
 from skippipe.errors import UserError
+from skippipe.fileio import atomic_write_text
 from skippipe.model.checkpoint import _load_tensors, save_safetensors
 from skippipe.model.config import ModelConfig
-from skippipe.fileio import atomic_write_text
 
 
 def hf_config(cfg: ModelConfig) -> dict[str, Any]:

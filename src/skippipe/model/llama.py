@@ -169,7 +169,8 @@ def _make_embed_head(host: nn.Module, cfg: ModelConfig) -> None:
     host.lm_head = head.to_empty(device="cpu")
     host.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
     with torch.no_grad():
-        host.embed_tokens.weight.copy_(torch.randn(host.embed_tokens.weight.shape, generator=_generator(cfg, EMBED_SEED_ID)) * cfg.init_std)
+        embed = torch.randn(host.embed_tokens.weight.shape, generator=_generator(cfg, EMBED_SEED_ID))
+        host.embed_tokens.weight.copy_(embed * cfg.init_std)
         host.lm_head.weight.copy_(torch.randn(host.lm_head.weight.shape, generator=_generator(cfg, HEAD_SEED_ID)) * cfg.init_std)
 
 

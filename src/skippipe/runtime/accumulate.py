@@ -13,7 +13,8 @@ the reference executor's weights bit for bit, and ``--resume`` reproduces an uni
 
 from __future__ import annotations
 
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 import torch
 from torch import nn

@@ -27,13 +27,14 @@ import json
 import os
 import re
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from skippipe.errors import UserError
-from skippipe.fileio import atomic_write, atomic_write_text
-from skippipe.plan.model import Plan
+from skippipe.fileio import atomic_write, atomic_write_text, name_inside
+from skippipe.planfile import Plan
 
 FORMAT = "skippipe-checkpoint"
 VERSION = 1
@@ -188,7 +189,7 @@ def verify(path: str | Path, plan: Plan | None = None) -> CheckpointInfo:
     if not isinstance(files, dict) or not isinstance(step, int) or step < 0:
         raise CheckpointError(f"{where}: manifest.json lacks its file list or step")
     for name, digest in files.items():
-        f = p / name
+        f = name_inside(p, name, "manifest entry")
         if not f.is_file():
             raise CheckpointError(f"{where}: {name} is missing")
         if _sha256(f) != digest:

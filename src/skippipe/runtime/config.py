@@ -26,6 +26,7 @@ folder ``[run] dir`` is relative to the current directory. Torch-free.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields, replace
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,7 @@ from skippipe.config_fields import read_config_file, reject_unknown_keys, value_
 from skippipe.errors import UserError
 from skippipe.workload import Workload
 
-PLAN_METHODS = ("full", "random", "skippipe-no-tc2", "skippipe")
+PLAN_METHODS = ("full", "random", "naive", "skippipe-no-tc2", "skippipe")
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,7 @@ class PlanSection:
     microbatches_per_data_node: int = 4
     memory: int = 2  # activation slots per node (M)
     max_swaps: int = 1
-    max_jump: int = 4
+    max_jump: int = 4  # a visit goes at most this many stages past the highest one reached
     stage_sizes: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
@@ -216,6 +217,15 @@ def _resolve_paths(cfg: RunConfig, base: Path) -> RunConfig:
     if Path(cluster).suffix.lower() in (".json", ".toml"):
         cluster = fix(cluster) or cluster
     return replace(cfg, plan=replace(plan, file=fix(plan.file), cluster=cluster))
+
+
+DEFAULT_RUN_CONFIG = "train-tiny.toml"  # in skippipe/resources/examples, also examples/train-tiny.toml
+
+
+def load_default_run_config() -> RunConfig:
+    """The embedded default run: a tiny LLaMA trained by 12 workers over an emulated WAN."""
+    with resources.as_file(resources.files("skippipe.resources") / "examples" / DEFAULT_RUN_CONFIG) as path:
+        return load_run_config(path)
 
 
 def load_run_config(path: str | Path) -> RunConfig:

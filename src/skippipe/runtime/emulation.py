@@ -15,9 +15,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-import numpy as np
-
-from skippipe.plan.model import Plan
+from skippipe.planfile import Costs, Plan
 
 
 @dataclass(frozen=True)
@@ -25,53 +23,28 @@ class Emulation:
     enabled: bool
     time_scale: float
     pad_compute: bool
-    transfer_s: np.ndarray
-    forward_s: np.ndarray
-    backward_factor: float
-    loss_factor: float
-    inject_gap_s: float
-    op_gap_s: float
+    costs: Costs
 
     @classmethod
     def from_plan(cls, plan: Plan, enabled: bool, time_scale: float, pad_compute: bool = True) -> Emulation:
-        c = plan.costs
-        return cls(
-            enabled=enabled,
-            time_scale=time_scale,
-            pad_compute=pad_compute,
-            transfer_s=np.asarray(c.transfer_s, dtype=float),
-            forward_s=np.asarray(c.forward_s, dtype=float),
-            backward_factor=c.backward_factor,
-            loss_factor=c.loss_factor,
-            inject_gap_s=c.inject_gap_s,
-            op_gap_s=c.op_gap_s,
-        )
+        return cls(enabled=enabled, time_scale=time_scale, pad_compute=pad_compute, costs=plan.costs)
 
     def link_delay_s(self, src: int, dst: int) -> float:
         """Real seconds a message from ``src`` to ``dst`` is held before delivery."""
         if not self.enabled or src == dst:
             return 0.0
-        return float(self.transfer_s[src, dst]) * self.time_scale
-
-    def op_s(self, node: int, kind: str) -> float:
-        """Modelled seconds (plan time, unscaled) of one operation on ``node``."""
-        f = float(self.forward_s[node])
-        return {"F": f, "L": f * self.loss_factor, "B": f * self.backward_factor}[kind]
-
-    def gap_s(self, kind: str, injection: bool) -> float:
-        """Modelled idle seconds after an operation (plan time, unscaled)."""
-        return self.inject_gap_s if injection else self.op_gap_s
+        return float(self.costs.transfer_s[src, dst]) * self.time_scale
 
     def pad_op(self, node: int, kind: str, started: float) -> None:
         """Sleep until the operation that began at ``started`` (monotonic) has lasted its modelled
         time. Does nothing when emulation or padding is off."""
         if self.enabled and self.pad_compute:
-            _sleep_until(started + self.op_s(node, kind) * self.time_scale)
+            _sleep_until(started + self.costs.op_s(node, kind) * self.time_scale)
 
-    def pad_gap(self, kind: str, injection: bool) -> None:
+    def pad_gap(self, injection: bool) -> None:
         """Idle for the modelled gap after an operation (when emulation and padding are on)."""
         if self.enabled and self.pad_compute:
-            _sleep_until(time.monotonic() + self.gap_s(kind, injection) * self.time_scale)
+            _sleep_until(time.monotonic() + self.costs.gap_s(injection) * self.time_scale)
 
 
 def _sleep_until(deadline: float) -> None:

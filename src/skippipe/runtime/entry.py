@@ -76,7 +76,7 @@ def _run(config_path: str, run_dir_arg: str | None, plan_path: str | None, resum
 
     from skippipe.data.dataset import token_data_for
     from skippipe.errors import UserError
-    from skippipe.plan.model import load_plan
+    from skippipe.planfile import load_plan
     from skippipe.runtime import checkpoint as ckpt
     from skippipe.runtime import process_group as pg
     from skippipe.runtime.config import load_run_config

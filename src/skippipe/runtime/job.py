@@ -18,7 +18,7 @@ from typing import Any
 
 from skippipe.errors import UserError
 from skippipe.fileio import atomic_write_text
-from skippipe.plan.model import Plan, load_plan, save_plan
+from skippipe.planfile import Plan, load_plan, save_plan
 from skippipe.runtime import checkpoint as ckpt
 from skippipe.runtime.config import RunConfig
 from skippipe.runtime.metrics import METRICS_FILE, read_metrics
@@ -58,12 +58,12 @@ def build_plan(cfg: RunConfig, model_cfg: Any, seq_len: int) -> Plan:
     if cfg.plan.file:
         return load_plan(cfg.plan.file)
     from skippipe.cluster import load_cluster
-    from skippipe.plan.problem import build_problem
+    from skippipe.planner.problem import build_problem
 
     try:
-        from skippipe.plan.methods import make_plan
+        from skippipe.planner.methods import make_plan
     except ImportError:
-        raise UserError("planning needs skippipe.plan.methods, which this installation lacks; give [plan] file") from None
+        raise UserError("planning needs skippipe.planner.methods, which this installation lacks; give [plan] file") from None
     train = cfg.train_config()
     cluster = load_cluster(cfg.plan.cluster)
     workload = cfg.plan.workload(model_cfg.n_layers, model_cfg.d_model, seq_len, train.samples_per_microbatch)

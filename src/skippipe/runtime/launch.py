@@ -23,9 +23,9 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from skippipe.errors import UserError
 from skippipe.runtime.entry import EXIT_PEER, STATUS_PREFIX

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from skippipe.plan.model import Microbatch, Plan, parse_op
+from skippipe.planfile import Microbatch, Plan, parse_op
 
 POLICIES = ("fifo", "backward-first")
 _KIND_RANK = {"B": 0, "L": 1, "F": 2}

@@ -21,8 +21,8 @@ import itertools
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -74,7 +74,7 @@ def decode_header(h: torch.Tensor) -> tuple[int, int, int, torch.dtype, float, l
 
 
 def _source_rank(work: dist.Work) -> int:
-    fn = getattr(work, "_source_rank", None) or getattr(work, "source_rank")
+    fn = getattr(work, "_source_rank", None) or work.source_rank
     return int(fn())
 
 

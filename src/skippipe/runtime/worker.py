@@ -33,7 +33,7 @@ import torch.distributed as dist
 
 from skippipe.errors import UserError
 from skippipe.fileio import atomic_write_text
-from skippipe.plan.model import Plan
+from skippipe.planfile import Plan
 from skippipe.runtime import checkpoint as ckpt
 from skippipe.runtime.accumulate import OrderedGradAccumulator
 from skippipe.runtime.emulation import Emulation
@@ -246,7 +246,7 @@ class Worker:
                     "start": started_wall - t0_wall, "end": ended - t0_wall})
             if kind == "B" and self.stage_index == 0:
                 last_backward = ended - t0_wall
-            self.s.emulation.pad_gap(kind, injection)
+            self.s.emulation.pad_gap(injection)
         return last_backward
 
     # ------------------------------------------------------------------ end of iteration

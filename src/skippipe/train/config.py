@@ -24,6 +24,7 @@ from typing import Any
 from skippipe.config_fields import read_config_file, reject_unknown_keys, value_like
 from skippipe.errors import UserError
 from skippipe.model.config import ModelConfig, model_config_from_dict
+
 CORPORA = ("shakespeare", "bible")
 GRAD_DIVISORS: tuple[str, ...] = ("visits", "microbatches", "reference")  # see skippipe.train.grads
 

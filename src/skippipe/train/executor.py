@@ -25,7 +25,7 @@ import torch
 from skippipe.data.batches import microbatch_starts, windows
 from skippipe.model.config import ModelConfig
 from skippipe.model.llama import Llama, Stage, build_stage
-from skippipe.plan.model import Plan
+from skippipe.planfile import Plan
 from skippipe.train.config import TrainConfig
 from skippipe.train.grads import average_group, clip_coefficient, grad_divisor, scale_grads, stage_sq_norm
 from skippipe.train.ops import backward_op, forward_op, loss_op

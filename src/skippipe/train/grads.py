@@ -35,8 +35,8 @@ from typing import Literal
 import torch
 from torch import nn
 
-from skippipe.plan.model import Plan
-from skippipe.train.config import GRAD_DIVISORS  # noqa: F401  (re-exported)
+from skippipe.planfile import Plan
+from skippipe.train.config import GRAD_DIVISORS
 
 GradDivisor = Literal["visits", "microbatches", "reference"]
 

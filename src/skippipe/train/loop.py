@@ -12,7 +12,7 @@ from tqdm import tqdm
 from skippipe.data.dataset import TokenData
 from skippipe.eval import validation_loss
 from skippipe.model.config import ModelConfig
-from skippipe.plan.model import Plan
+from skippipe.planfile import Plan
 from skippipe.train.config import TrainConfig
 from skippipe.train.executor import ReferenceExecutor, plan_batch_fn
 

@@ -2,7 +2,7 @@
 
 ``trip_floor`` (defined in ``skippipe.bounds``) is the least finish time of a data node with m
 microbatches, M slots and round trips of at least R: the larger of the memory floor and the
-data-node floor (its final backwards and injections run one at a time). ``data_node_floor``
+data-node floor (its final backwards and injections run one at a time). ``allocation_data_node_floor``
 is its largest value over the data nodes of an allocation, each with its fastest valid round
 trip. With the reference's m = 6, M = 3 the last data node of the shipped instance reaches it
 exactly (33.05 s, against a memory floor of 30.41 s).
@@ -36,27 +36,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from skippipe.bounds import round_trip_chain, trip_floor
+from skippipe.bounds import data_node_floor, trip_floor
 from skippipe.errors import UserError
+from skippipe.planner.problem import Problem
 
-__all__ = ["trip_floor", "data_node_floor", "free_allocation_floor", "FreeFloor"]
+__all__ = ["trip_floor", "allocation_data_node_floor", "free_allocation_floor", "FreeFloor"]
 
 
-def data_node_floor(problem, stages: list[list[int]]) -> float:  # noqa: ANN001
-    """The largest ``trip_floor`` over the data nodes of an allocation, each with its fastest
-    valid round trip: no plan on this allocation finishes sooner."""
+def allocation_data_node_floor(problem: Problem, stages: list[list[int]]) -> float:
+    """``skippipe.bounds.data_node_floor`` of an allocation of this problem, with the problem's
+    memory and microbatch counts: no plan on this allocation finishes sooner."""
     w = problem.workload
-    costs = problem.costs()
-    chain = round_trip_chain(stages, costs, w.path_length, w.max_swaps, w.max_jump)
-    f = np.asarray(problem.forward_s, dtype=float)
-    cm = problem.cost_model
-    best = 0.0
-    for d in stages[0]:
-        own = float(f[d]) * (1.0 + cm.loss_factor + cm.backward_factor)
-        trip = own + chain[d]
-        best = max(best, trip_floor(trip, float(f[d]), float(f[d]) * cm.backward_factor,
-                                    w.microbatches_per_data_node, int(problem.memory[d]), cm.inject_gap_s, cm.op_gap_s))
-    return best
+    return data_node_floor(stages, problem.costs(), list(problem.memory), w.microbatches_per_data_node,
+                           w.path_length, w.max_swaps, w.max_jump)
 
 
 @dataclass
@@ -66,7 +58,7 @@ class FreeFloor:
     exhaustive: bool  # every data-node set was tried (else: the weaker, set-free floor)
 
 
-def _round_trips(problem) -> tuple[np.ndarray, np.ndarray]:  # noqa: ANN001
+def _round_trips(problem: Problem) -> tuple[np.ndarray, np.ndarray]:
     """R0[d]: fastest round trip of d through L-1 distinct other nodes (any order);
     RA[d, x]: the fastest one that visits x (inf on the diagonal)."""
     n = problem.n
@@ -108,7 +100,7 @@ def _slow_one(ra: float, r0: float, m: int, k: int, og: float) -> float:
     return best
 
 
-def free_allocation_floor(problem, max_sets: int = 200_000, max_tuples: int = 2_000_000) -> FreeFloor:  # noqa: ANN001
+def free_allocation_floor(problem: Problem, max_sets: int = 200_000, max_tuples: int = 2_000_000) -> FreeFloor:
     """The load-aware floor over every allocation of ``problem`` (see the module text).
 
     Tries every data-node set when there are at most ``max_sets``; otherwise returns the

@@ -14,7 +14,7 @@ import numpy as np
 from skippipe.cluster import Cluster
 from skippipe.costs import CostModel, activation_bytes
 from skippipe.errors import UserError
-from skippipe.plan.model import Constraints, Costs, Microbatch, Plan
+from skippipe.planfile import Constraints, Costs, Microbatch, Plan
 from skippipe.workload import Workload
 
 

@@ -23,9 +23,8 @@ import itertools
 import numpy as np
 
 from skippipe.cluster import preset_cluster
-from skippipe.plan.model import Microbatch, Plan
-from skippipe.plan.problem import build_problem
-from skippipe.plan.validate import check_plan
+from skippipe.planfile import Microbatch, Plan, check_plan
+from skippipe.planner.problem import build_problem
 from skippipe.workload import Workload
 
 

@@ -1,4 +1,5 @@
-"""Baseline plans: the full pipeline of DT-FM (``full``) and random skipping (``random``).
+"""Baseline plans: the full pipeline of DT-FM (``full``), random skipping (``random``) and the
+naive plan a new user would write by hand (``naive``).
 
 ``full``: fixed chains with one node per stage; every microbatch visits every stage in order.
 Chains are built stage by stage with a bottleneck matching between consecutive stages (the
@@ -10,7 +11,13 @@ iteration processes as many samples as a skipping plan.
 ``random``: every data node sends its m microbatches along random paths that obey the path
 rules (CC1-CC3) and the TC1 caps ``problem.load_caps``, ignoring the network.
 
-Both allocate the nodes to stages (``allocate``) unless given ``stages``. Torch-free.
+``naive``: node ids in index order as stages (the first ``stage_sizes[0]`` nodes are the data
+nodes, the next ``stage_sizes[1]`` stage 1, ...; a fixed allocation is kept); each microbatch,
+round robin over the data nodes, takes the least-loaded stage set in increasing order (no swaps)
+and the least-loaded node of each stage, within the TC1 caps.
+
+``full`` and ``random`` allocate the nodes to stages (``allocate``) unless given ``stages``.
+Torch-free.
 """
 
 from __future__ import annotations
@@ -18,10 +25,10 @@ from __future__ import annotations
 import numpy as np
 
 from skippipe.errors import UserError
-from skippipe.plan.allocate import allocate, bottleneck_matching
-from skippipe.plan.model import Microbatch, Plan
-from skippipe.plan.problem import Problem
-from skippipe.plan.validate import path_rule_violation
+from skippipe.planfile import Microbatch, Plan, path_rule_violation
+from skippipe.planner.allocation import allocate, bottleneck_matching
+from skippipe.planner.problem import Problem
+from skippipe.planner.routing.assign import sequence_quotas
 
 
 def _links(problem: Problem) -> np.ndarray:
@@ -83,6 +90,79 @@ def full_plan(problem: Problem, stages: list[list[int]] | None = None, seed: int
         stages, mbs, method="full", seed=seed, path_length=len(stages), max_swaps=0, max_load=load,
         meta={"chains": chains, "injecting_data_nodes": [c[0] for c in chains]},
     )
+
+
+# ------------------------------------------------------------------------------ naive plan
+
+
+def index_order_stages(problem: Problem) -> list[list[int]]:
+    """The fixed allocation if there is one, else node ids in index order cut into the stage sizes."""
+    if problem.fixed_stages is not None:
+        return [list(map(int, s)) for s in problem.fixed_stages]
+    stages, start = [], 0
+    for size in problem.stage_sizes:
+        stages.append(list(range(start, start + size)))
+        start += size
+    return stages
+
+
+def naive_plan(problem: Problem, stages: list[list[int]] | None = None, seed: int = 0) -> Plan:
+    """The naive plan (see the module text): least-loaded stage sets and nodes, no network view.
+
+    Load is counted relative to capacity (visits so far / TC1 caps), so a stage or node with a
+    larger cap takes proportionally more; ties go to the lower stage set and the lower node id.
+    When the greedy runs out of stage sets with capacity, the number of microbatches per stage
+    set is fixed first (``sequence_quotas``) and the greedy runs again within those counts.
+    """
+    stages = index_order_stages(problem) if stages is None else stages
+    _check_stages(problem, stages)
+    w = problem.workload
+    caps = problem.load_caps(stages)
+    kinds = tuple(_valid_subsets(list(range(1, len(stages))), w.path_length - 1, w.max_jump, limit=_MAX_KINDS + 1))
+    if not kinds:
+        raise UserError(f"no path of L={w.path_length} stages satisfies the path rules (CC2/CC3) with S={len(stages)}")
+    mbs = _naive_microbatches(problem, stages, caps, kinds, None)
+    if mbs is None:
+        stage_cap = [0] + [sum(caps[x] for x in s) for s in stages[1:]]
+        total = len(stages[0]) * w.microbatches_per_data_node
+        quota = sequence_quotas(kinds, stage_cap, total)
+        mbs = None if quota is None else _naive_microbatches(problem, stages, caps, kinds, quota)
+        if mbs is None:
+            raise UserError(
+                f"no routing respects the per-node load caps (TC1): the stages can take {stage_cap[1:]} visits, "
+                f"too few for {total} microbatches on paths of {w.path_length} stages"
+            )
+    return problem.make_plan(stages, mbs, method="naive", seed=seed)
+
+
+def _naive_microbatches(
+    problem: Problem, stages: list[list[int]], caps: list[int], kinds: tuple[tuple[int, ...], ...],
+    quota: dict[tuple[int, ...], int] | None,
+) -> list[Microbatch] | None:
+    """Round robin over the data nodes: the least-loaded stage set (with quota left), then the
+    least-loaded node of each of its stages; None when the greedy runs out of capacity."""
+    stage_cap = [max(1, sum(caps[x] for x in s)) for s in stages]
+    stage_used = [0] * len(stages)
+    node_used = [0] * problem.n
+    left = None if quota is None else dict(quota)
+    mbs: list[Microbatch] = []
+    for _ in range(problem.workload.microbatches_per_data_node):
+        for d in stages[0]:
+            open_kinds = [q for q in kinds if (left is None or left.get(q, 0) > 0)
+                          and all(any(node_used[x] < caps[x] for x in stages[s]) for s in q)]
+            if not open_kinds:
+                return None
+            kind = min(open_kinds, key=lambda q: (sum(stage_used[s] / stage_cap[s] for s in q), q))
+            if left is not None:
+                left[kind] -= 1
+            path = []
+            for s in kind:
+                x = min((x for x in stages[s] if node_used[x] < caps[x]), key=lambda x: (node_used[x] / caps[x], x))
+                node_used[x] += 1
+                stage_used[s] += 1
+                path.append(int(x))
+            mbs.append(Microbatch(id=len(mbs), data_node=int(d), path=path))
+    return mbs
 
 
 # ------------------------------------------------------------------------------ random skipping
@@ -181,7 +261,7 @@ def _closest_counts(
 
 
 def _valid_subsets(stages: list[int], hops: int, max_jump: int, limit: int | None = None):
-    """Ascending stage subsets whose jumps stay within max_jump (depth-first)."""
+    """Ascending stage subsets whose every step goes at most max_jump stages up (depth-first)."""
     found = 0
 
     def rec(start: int, frontier: int, chosen: list[int]):
@@ -194,7 +274,7 @@ def _valid_subsets(stages: list[int], hops: int, max_jump: int, limit: int | Non
             return
         for i in range(start, len(stages)):
             s = stages[i]
-            if s - frontier - 1 > max_jump:
+            if s - frontier > max_jump:
                 break
             yield from rec(i + 1, s, chosen + [s])
 

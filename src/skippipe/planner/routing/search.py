@@ -24,11 +24,12 @@ from __future__ import annotations
 import itertools
 import random
 import time
-
-import numpy as np
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from skippipe.plan.route_eval import Evaluator, Incremental, Route, Score
+import numpy as np
+
+from skippipe.planner.routing.evaluate import Evaluator, Incremental, Route, Score
 
 Orders = dict[int, list[str]]
 
@@ -67,15 +68,11 @@ class RouteSearch:
         self.kicks = 12  # iterated-local-search restarts per component order search
 
     # ------------------------------------------------------------------ helpers
-    def _score(self, routes: list[Route], orders: Orders | None = None) -> Score:
-        self.limits.spent += 1
-        return self.ev.score(routes, orders)
-
     def _seq(self, path: tuple[int, ...]) -> tuple[int, ...]:
         return tuple(self.stage_of[x] for x in path)
 
     # ------------------------------------------------------------------ path moves
-    def _moves(self, routes: list[Route], d: int):  # noqa: ANN202 (generator of new routings)
+    def _moves(self, routes: list[Route], d: int) -> Iterator[tuple]:
         mine = [i for i, (dn, _) in enumerate(routes) if dn == d]
         users: dict[int, list[int]] = {}
         load: dict[int, int] = {}

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from skippipe.plan.model import Constraints, Costs, Microbatch, Plan
+from skippipe.planfile import Constraints, Costs, Microbatch, Plan
+from skippipe.planner.problem import Problem
 from skippipe.sim import simulate
 
 Route = tuple[int, tuple[int, ...]]  # (data node, path)
@@ -51,7 +52,7 @@ class Evaluator:
     the lower id is injected first) plus an optional processing order per node.
     """
 
-    def __init__(self, problem, stages: list[list[int]]) -> None:  # noqa: ANN001
+    def __init__(self, problem: Problem, stages: list[list[int]]) -> None:
         self.problem = problem
         self.stages = stages
         self.transfer = np.asarray(problem.transfer_s, dtype=float)
@@ -147,7 +148,9 @@ class Evaluator:
         values = tuple(finish[d] for d in ranked)
         return Score(values[0] if values else 0.0, values, tuple(ranked))
 
-    def realized_orders(self, routes: list[Route], ids: list[int], orders: dict[int, list[str]] | None = None) -> dict[int, list[str]]:
+    def realized_orders(
+        self, routes: list[Route], ids: list[int], orders: dict[int, list[str]] | None = None
+    ) -> dict[int, list[str]]:
         """The order in which each node of one component served its operations (global ids)."""
         plan, nodes = self.subplan(routes, ids, orders)
         res = simulate(plan, record=False, bound=False)

@@ -4,24 +4,27 @@
 
 - ``full``             DT-FM full pipeline (``baselines.full_plan``)
 - ``random``           random skipping under CC1-CC3 and TC1 (``baselines.random_plan``)
-- ``skippipe-no-tc2``  SkipPipe paths without collision awareness (``route.plan_no_tc2``)
-- ``skippipe``         SkipPipe with collision-aware paths (``route.plan_skippipe``)
+- ``naive``            index-order stages, least-loaded stage sets and nodes (``baselines.naive_plan``)
+- ``skippipe-no-tc2``  SkipPipe paths without collision awareness (``routing.schedule.plan_no_tc2``)
+- ``skippipe``         SkipPipe with collision-aware paths (``routing.schedule.plan_skippipe``)
 
-The SkipPipe planners are imported only when used. Torch-free.
+Torch-free.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import math
 import time
 from collections.abc import Callable
 
 from skippipe.errors import UserError
-from skippipe.plan.baselines import full_plan, random_plan
-from skippipe.plan.model import Plan
-from skippipe.plan.problem import Problem
+from skippipe.planfile import Plan, check_plan
+from skippipe.planner.allocation import allocate
+from skippipe.planner.baselines import full_plan, naive_plan, random_plan
+from skippipe.planner.problem import Problem
+from skippipe.planner.routing.schedule import plan_no_tc2, plan_skippipe
+from skippipe.sim import SimResult, simulate
 
 Planner = Callable[[Problem, int, "float | None"], Plan]
 
@@ -46,33 +49,28 @@ def _random(problem: Problem, seed: int, time_limit_s: float | None) -> Plan:
     return plan
 
 
-def _stages(problem: Problem, seed: int, time_limit_s: float | None) -> list[list[int]]:
-    from skippipe.plan.allocate import allocate
+def _naive(problem: Problem, seed: int, time_limit_s: float | None) -> Plan:
+    return naive_plan(problem, seed=seed)
 
+
+def _stages(problem: Problem, seed: int, time_limit_s: float | None) -> list[list[int]]:
     return allocate(problem, seed=seed, time_limit_s=time_limit_s)
 
 
-def _lazy(method: str, module: str, name: str) -> Planner:
-    def planner(problem: Problem, seed: int, time_limit_s: float | None) -> Plan:
-        try:
-            func = getattr(importlib.import_module(module), name)
-        except ModuleNotFoundError as exc:
-            if exc.name != module:
-                raise
-            raise UserError(f"method {planner.__name__!r} is not available: {module} is not installed") from None
-        except AttributeError:
-            raise UserError(f"method {planner.__name__!r} is not available: {module} has no {name}") from None
-        return func(problem, seed=seed, time_limit_s=time_limit_s)
+def _no_tc2(problem: Problem, seed: int, time_limit_s: float | None) -> Plan:
+    return plan_no_tc2(problem, seed=seed, time_limit_s=time_limit_s)
 
-    planner.__name__ = method
-    return planner
+
+def _skippipe(problem: Problem, seed: int, time_limit_s: float | None) -> Plan:
+    return plan_skippipe(problem, seed=seed, time_limit_s=time_limit_s)
 
 
 METHODS: dict[str, Planner] = {
     "full": _full,
     "random": _random,
-    "skippipe-no-tc2": _lazy("skippipe-no-tc2", "skippipe.plan.route", "plan_no_tc2"),
-    "skippipe": _lazy("skippipe", "skippipe.plan.route", "plan_skippipe"),
+    "naive": _naive,
+    "skippipe-no-tc2": _no_tc2,
+    "skippipe": _skippipe,
 }
 
 
@@ -87,9 +85,7 @@ def with_allocation(problem: Problem, stages: list[list[int]]) -> Problem:
     return dataclasses.replace(problem, cluster=cluster, stage_sizes=[len(s) for s in stages])
 
 
-def _simulate(plan: Plan):  # noqa: ANN202 - SimResult, imported lazily
-    from skippipe.sim import simulate
-
+def _simulate(plan: Plan) -> SimResult:
     return simulate(plan, record=False)
 
 
@@ -101,8 +97,6 @@ def make_plan(method: str, problem: Problem, seed: int = 0, time_limit_s: float 
         raise UserError(f"unknown method {method!r} (known: {', '.join(METHODS)})")
     if time_limit_s is not None and not time_limit_s > 0:
         raise UserError(f"time limit must be > 0 seconds, got {time_limit_s}")
-    from skippipe.plan.validate import check_plan
-
     start = time.perf_counter()
     plan = METHODS[method](problem, seed, time_limit_s)
     planning_s = time.perf_counter() - start

@@ -18,7 +18,8 @@ from functools import lru_cache
 
 import numpy as np
 
-from skippipe.plan.validate import path_rule_violation
+from skippipe.planfile import path_rule_violation
+from skippipe.planner.problem import Problem
 
 
 @lru_cache(maxsize=64)
@@ -52,7 +53,7 @@ class RouteCosts:
     forward: np.ndarray  # N: forward seconds
 
     @classmethod
-    def from_problem(cls, problem) -> RouteCosts:  # noqa: ANN001 (Problem, kept import-light)
+    def from_problem(cls, problem: Problem) -> RouteCosts:
         t = np.asarray(problem.transfer_s, dtype=float)
         f = np.asarray(problem.forward_s, dtype=float)
         cm = problem.cost_model

@@ -2,11 +2,13 @@
 
 Core keys (stable across versions):
 
-- ``version`` (int), ``format`` ("skippipe-plan")
+- ``version`` (int, 2; version-1 files load when their paths obey the version-2 jump rule),
+  ``format`` ("skippipe-plan")
 - ``stages``: list of lists of node ids, pipeline order; stage 0 are the data nodes
 - ``layers``: model layer ids held by each stage (every layer in exactly one stage)
 - ``memory``: activation slots per node (an int for all, or one per node)
-- ``constraints``: ``path_length`` (L, stage 0 included), ``max_swaps``, ``max_jump``,
+- ``constraints``: ``path_length`` (L, stage 0 included), ``max_swaps``, ``max_jump`` (a visit
+  above the frontier, the highest stage reached so far, is at most ``max_jump`` stages past it),
   ``max_load`` (per-node cap on microbatches handled per iteration, TC1; null = no cap)
 - ``costs``: ``transfer_s`` (N x N seconds per microbatch hop), ``forward_s`` (per node, one
   stage, one microbatch), ``backward_factor``, ``loss_factor``, ``inject_gap_s``, ``op_gap_s``
@@ -25,19 +27,20 @@ of the node's stage. Everything here is torch-free.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from skippipe.costs import BACKWARD_FACTOR, INJECT_GAP_S, LOSS_FACTOR, OP_GAP_S, OpCostRule
 from skippipe.errors import PlanError
-from skippipe.fileio import atomic_write_text
 
 PLAN_FORMAT = "skippipe-plan"
-PLAN_VERSION = 1
+# version 2: ``max_jump`` bounds how far past the frontier a visit may go (s - frontier <=
+# max_jump); version 1 files meant stages skipped at once (s - frontier - 1 <= max_jump). A
+# version-1 file still loads when its paths obey the version-2 rule.
+PLAN_VERSION = 2
 OP_KINDS = ("F", "L", "B")
 
 
@@ -58,23 +61,25 @@ class Constraints:
 
 
 @dataclass
-class Costs:
+class Costs(OpCostRule):
     transfer_s: np.ndarray  # N x N
     forward_s: np.ndarray  # N
-    backward_factor: float = 1.5
-    loss_factor: float = 0.25
-    inject_gap_s: float = 0.09
-    op_gap_s: float = 0.13
+    backward_factor: float = BACKWARD_FACTOR
+    loss_factor: float = LOSS_FACTOR
+    inject_gap_s: float = INJECT_GAP_S
+    op_gap_s: float = OP_GAP_S
 
     @property
     def n(self) -> int:
         return int(self.forward_s.shape[0])
 
-    def backward_s(self) -> np.ndarray:
-        return self.forward_s * self.backward_factor
+    def op_s(self, node: int, kind: str) -> float:
+        """Seconds of one operation ``F``, ``L`` or ``B`` on ``node``."""
+        return float(self.forward_s[node]) * self.op_factor(kind)
 
-    def loss_s(self) -> np.ndarray:
-        return self.forward_s * self.loss_factor
+    def gap_s(self, injection: bool) -> float:
+        """Idle seconds after an operation (after an injection: ``inject_gap_s``)."""
+        return self.inject_gap_s if injection else self.op_gap_s
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -238,7 +243,9 @@ def _plan_from_dict(data: Any, where: str) -> Plan:
         raise PlanError(f"{where}: costs.forward_s must be a list with one number per node")
     n = forward.shape[0]
     if transfer.ndim != 2 or transfer.shape != (n, n):
-        raise PlanError(f"{where}: costs.transfer_s must be a {n} x {n} matrix (one row per node), got shape {list(transfer.shape)}")
+        raise PlanError(
+            f"{where}: costs.transfer_s must be a {n} x {n} matrix (one row per node), got shape {list(transfer.shape)}"
+        )
     if not np.all(np.isfinite(transfer)) or np.any(transfer < 0):
         raise PlanError(f"{where}: costs.transfer_s must hold finite non-negative seconds")
     if not np.all(np.isfinite(forward)) or np.any(forward <= 0):
@@ -246,10 +253,10 @@ def _plan_from_dict(data: Any, where: str) -> Plan:
     costs = Costs(
         transfer_s=transfer,
         forward_s=forward,
-        backward_factor=_num(costs_d.get("backward_factor", 1.5), f"{where}: costs.backward_factor"),
-        loss_factor=_num(costs_d.get("loss_factor", 0.25), f"{where}: costs.loss_factor"),
-        inject_gap_s=_num(costs_d.get("inject_gap_s", 0.09), f"{where}: costs.inject_gap_s"),
-        op_gap_s=_num(costs_d.get("op_gap_s", 0.13), f"{where}: costs.op_gap_s"),
+        backward_factor=_num(costs_d.get("backward_factor", BACKWARD_FACTOR), f"{where}: costs.backward_factor"),
+        loss_factor=_num(costs_d.get("loss_factor", LOSS_FACTOR), f"{where}: costs.loss_factor"),
+        inject_gap_s=_num(costs_d.get("inject_gap_s", INJECT_GAP_S), f"{where}: costs.inject_gap_s"),
+        op_gap_s=_num(costs_d.get("op_gap_s", OP_GAP_S), f"{where}: costs.op_gap_s"),
     )
 
     stages = _int_lists(_req(data, "stages", where), f"{where}: stages")
@@ -346,34 +353,3 @@ def parse_op(token: str) -> tuple[str, int]:
     if len(token) < 2 or token[0] not in OP_KINDS or not token[1:].isdigit():
         raise PlanError(f"operation {token!r} is not of the form F<id>, L<id> or B<id>")
     return token[0], int(token[1:])
-
-
-# ---------------------------------------------------------------------- files
-
-
-def load_plan(path: str | Path, validate: bool = True) -> Plan:
-    """Read and (by default) validate a plan file. Raises PlanError with a one-line message."""
-    p = Path(path)
-    if not p.is_file():
-        raise PlanError(f"{p}: no such plan file")
-    try:
-        data = json.loads(p.read_text())
-    except json.JSONDecodeError as exc:
-        raise PlanError(f"{p}: not valid JSON ({exc})") from None
-    except UnicodeDecodeError:
-        raise PlanError(f"{p}: not a text file") from None
-    plan = Plan.from_dict(data, where=str(p))
-    if validate:
-        from skippipe.plan.validate import check_plan
-
-        check_plan(plan, where=str(p))
-    return plan
-
-
-def save_plan(plan: Plan, path: str | Path, validate: bool = True) -> None:
-    """Validate (by default), then write the plan atomically."""
-    if validate:
-        from skippipe.plan.validate import check_plan
-
-        check_plan(plan, where=str(path))
-    atomic_write_text(path, json.dumps(plan.to_dict(), indent=1) + "\n")

@@ -2,9 +2,9 @@
 
 ``plan_no_tc2`` chooses paths for the network and the load only: every microbatch gets a cheap
 valid path (CC1-CC3) under the TC1 caps and a static per-round slot limit, ignoring when
-microbatches meet on a node (``route_assign``; nothing is simulated). A data node injects its
-microbatches round by round, slowest path first within a round. When the cluster fixes no allocation, both methods start from ``allocate`` (the
-allocation helper's GCMA-style search).
+microbatches meet on a node (``routing.assign``; nothing is simulated). A data node injects its
+microbatches round by round, slowest path first within a round. When the cluster fixes no
+allocation, both methods start from ``allocate`` (the GCMA-style search in ``planner.allocation``).
 
 ``plan_skippipe`` is collision-aware (TC2). It starts from the ``skippipe-no-tc2`` plan and
 adds candidates built for the timeline:
@@ -34,13 +34,13 @@ import time
 from dataclasses import dataclass
 
 from skippipe.errors import UserError
-from skippipe.plan.model import Microbatch, Plan
-from skippipe.plan.problem import Problem
-from skippipe.plan.route_assign import assign_static, round_of
-from skippipe.plan.route_eval import Evaluator, Incremental, Route, Score
-from skippipe.plan.route_groups import group_allocation, private_chains
-from skippipe.plan.route_paths import RouteCosts, stage_sequences
-from skippipe.plan.route_search import RouteSearch, SearchLimits
+from skippipe.planfile import Microbatch, Plan
+from skippipe.planner.problem import Problem
+from skippipe.planner.routing.assign import assign_static, round_of
+from skippipe.planner.routing.evaluate import Evaluator, Incremental, Route, Score
+from skippipe.planner.routing.groups import group_allocation, private_chains
+from skippipe.planner.routing.search import RouteSearch, SearchLimits
+from skippipe.planner.routing.sequences import RouteCosts, stage_sequences
 from skippipe.sim import simulate
 
 
@@ -64,14 +64,10 @@ def _deadline(time_limit_s: float | None) -> float | None:
     return time.perf_counter() + float(time_limit_s)
 
 
-def _left(deadline: float | None) -> float | None:
-    return None if deadline is None else max(0.01, deadline - time.perf_counter())
-
-
 def _allocation(problem: Problem, seed: int, time_limit_s: float | None) -> list[list[int]]:
     if problem.fixed_stages is not None:
         return [list(map(int, s)) for s in problem.fixed_stages]
-    from skippipe.plan.allocate import allocate
+    from skippipe.planner.allocation import allocate
 
     return allocate(problem, seed=seed, time_limit_s=time_limit_s)
 
@@ -120,7 +116,7 @@ def chain_routes(stages: list[list[int]], chains: dict[int, list[int]], m: int) 
 
 
 def chain_candidate(
-    problem: Problem, stages: list[list[int]], caps: list[int], seqs, deadline: float | None  # noqa: ANN001
+    problem: Problem, stages: list[list[int]], caps: list[int], seqs: tuple[tuple[int, ...], ...], deadline: float | None
 ) -> list[Route] | None:
     """Private chains for the data nodes that can have one; the others share what capacity is
     left (static routing). When the rest cannot be routed, the least critical chain is given up."""
@@ -267,12 +263,6 @@ def _portion(limits: SearchLimits, deadline: float | None, fraction: float) -> S
     if deadline is not None:
         dl = time.perf_counter() + max(0.0, deadline - time.perf_counter()) * fraction
     return SearchLimits(budget=max(1, int(left * fraction)), deadline=dl)
-
-
-def _share_deadline(deadline: float | None, parts: int) -> float | None:
-    if deadline is None:
-        return None
-    return time.perf_counter() + max(0.0, deadline - time.perf_counter()) / max(1, parts)
 
 
 def _improve_orders(search: RouteSearch, routes: list[Route], score: Score) -> tuple[dict[int, list[str]] | None, Score]:

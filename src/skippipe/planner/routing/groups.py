@@ -25,10 +25,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from skippipe.plan.route_bounds import trip_floor
-from skippipe.plan.route_assign import Capacity, route_one
-from skippipe.plan.route_paths import RouteCosts, cheapest_chain, node_classes
-from skippipe.plan.validate import path_rule_violation
+from skippipe.planfile import path_rule_violation
+from skippipe.planner.floors import trip_floor
+from skippipe.planner.problem import Problem
+from skippipe.planner.routing.assign import Capacity, route_one
+from skippipe.planner.routing.sequences import RouteCosts, cheapest_chain, node_classes
 
 
 @dataclass
@@ -43,7 +44,7 @@ class GroupCosts:
     op_gap: float
 
     @classmethod
-    def from_problem(cls, problem) -> GroupCosts:  # noqa: ANN001
+    def from_problem(cls, problem: Problem) -> GroupCosts:
         rc = RouteCosts.from_problem(problem)
         cm = problem.cost_model
         return cls(
@@ -67,7 +68,9 @@ class GroupCosts:
 # ----------------------------------------------------------------------------- fixed allocation
 
 
-def _chains_in_pool(gc: GroupCosts, d: int, by_stage: list[list[int]], seqs) -> list[tuple[float, list[int]]]:  # noqa: ANN001
+def _chains_in_pool(
+    gc: GroupCosts, d: int, by_stage: list[list[int]], seqs: tuple[tuple[int, ...], ...]
+) -> list[tuple[float, list[int]]]:
     out = []
     for seq in seqs:
         for nodes in itertools.product(*[by_stage[s] for s in seq]):
@@ -76,7 +79,8 @@ def _chains_in_pool(gc: GroupCosts, d: int, by_stage: list[list[int]], seqs) -> 
     return out
 
 
-def _best_chain(gc: GroupCosts, d: int, arrays: list[np.ndarray], seqs, usable: np.ndarray) -> tuple[float, list[int]]:  # noqa: ANN001
+def _best_chain(gc: GroupCosts, d: int, arrays: list[np.ndarray], seqs: tuple[tuple[int, ...], ...], usable: np.ndarray
+) -> tuple[float, list[int]]:
     penalty = np.where(usable, 0.0, np.inf)
     best: tuple[float, list[int]] = (math.inf, [])
     for seq in seqs:
@@ -89,7 +93,7 @@ def _best_chain(gc: GroupCosts, d: int, arrays: list[np.ndarray], seqs, usable: 
 
 
 def private_chains(
-    problem, stages: list[list[int]], caps: list[int], seqs, deadline: float | None = None  # noqa: ANN001
+    problem: Problem, stages: list[list[int]], caps: list[int], seqs: tuple[tuple[int, ...], ...], deadline: float | None = None
 ) -> dict[int, list[int]] | None:
     """Disjoint chains, one per data node, slowest data node first, for as many data nodes as
     the nodes allow (a dict in that order; None when not even one fits)."""
@@ -123,7 +127,11 @@ def private_chains(
     return chains or None
 
 
-def _improve_pairs(gc, stages, seqs, chains, est, free, deadline, per_stage: int = 3) -> None:  # noqa: ANN001
+def _improve_pairs(
+    gc: GroupCosts, stages: list[list[int]], seqs: tuple[tuple[int, ...], ...], chains: dict[int, list[int]],
+    est: dict[int, float],
+    free: np.ndarray, deadline: float | None, per_stage: int = 3,
+) -> None:
     """Re-optimise the latest data node together with one other, while that helps. The pool
     is both chains plus, per stage, the ``per_stage`` free nodes nearest the latest data node."""
     arrays = [np.asarray(s, dtype=int) for s in stages]
@@ -227,7 +235,7 @@ class _GroupSearch:
 
 
 def group_allocation(
-    problem, seed: int = 0, deadline: float | None = None  # noqa: ANN001
+    problem: Problem, seed: int = 0, deadline: float | None = None
 ) -> tuple[list[list[int]], dict[int, list[int]]] | None:
     """Our own allocation built from groups (see the module text): (stages, chain per data
     node), or None when the stage sizes do not split into such groups."""
@@ -242,7 +250,7 @@ def group_allocation(
     if windows is None or any(path_rule_violation(win, w.max_swaps, w.max_jump) for win in windows):
         return None
     gc = GroupCosts.from_problem(problem)
-    from skippipe.plan.allocate import data_node_candidates
+    from skippipe.planner.allocation import data_node_candidates
 
     eligible = np.zeros(n, dtype=bool)
     eligible[data_node_candidates(problem)] = True

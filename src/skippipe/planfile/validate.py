@@ -9,15 +9,20 @@ from __future__ import annotations
 from collections import Counter
 
 from skippipe.errors import PlanError
-from skippipe.plan.model import Plan, parse_op
+from skippipe.planfile.format import Plan, parse_op
+
+# the one-line reason a version-1 plan file whose paths break the version-2 jump rule is refused
+OLD_JUMP_MEANING = "written under the old max_jump meaning (stages skipped); re-plan it"
 
 
 def path_rule_violation(stages_visited: list[int], max_swaps: int, max_jump: int) -> str | None:
     """CC3 on a microbatch's stage sequence after stage 0 (stage 0 is the implicit start).
 
-    frontier = highest stage reached so far. A stage above the frontier may skip at most
-    ``max_jump`` stages; a stage below it is a swap and must be exactly frontier - 1 (distance
-    1); at most ``max_swaps`` swaps. Returns a reason, or None when the sequence is allowed.
+    frontier = highest stage reached so far. A stage above the frontier may be at most
+    ``max_jump`` stages past it (``s - frontier <= max_jump``: with the default 4 at most 3
+    stages are skipped at once, and with 6 stages 0 -> 5 is forbidden); a stage below it is a
+    swap and must be exactly frontier - 1 (distance 1); at most ``max_swaps`` swaps. Returns a
+    reason, or None when the sequence is allowed.
     """
     frontier = 0
     swaps = 0
@@ -27,8 +32,8 @@ def path_rule_violation(stages_visited: list[int], max_swaps: int, max_jump: int
             return f"visits stage {s} twice"
         seen.add(s)
         if s > frontier:
-            if s - frontier - 1 > max_jump:
-                return f"jumps from stage {frontier} to {s}, skipping {s - frontier - 1} > max_jump={max_jump} stages"
+            if s - frontier > max_jump:
+                return f"jumps from stage {frontier} to {s}, {s - frontier} > max_jump={max_jump} stages past the frontier"
             frontier = s
         else:
             if frontier - s != 1:
@@ -122,7 +127,9 @@ def plan_violations(plan: Plan) -> list[str]:
             out.append(f"{w}: path runs stage 0 again (CC1/CC2: stage 0 only on its own data node)")
             continue
         reason = path_rule_violation(visited, c.max_swaps, c.max_jump)
-        if reason:
+        if reason and plan.version < 2 and reason.startswith("jumps from"):
+            out.append(f"{OLD_JUMP_MEANING} ({w}: stage order {[0, *visited]} {reason})")
+        elif reason:
             out.append(f"{w}: stage order {[0, *visited]} {reason} (CC2/CC3)")
         if mb.after is not None and mb.after not in ids:
             out.append(f"{w}: after={mb.after} names no microbatch")
@@ -177,6 +184,9 @@ def plan_violations(plan: Plan) -> list[str]:
 
 def check_plan(plan: Plan, where: str = "plan") -> None:
     problems = plan_violations(plan)
+    old = [p for p in problems if p.startswith(OLD_JUMP_MEANING)]
+    if old:
+        raise PlanError(f"{where}: {old[0]}")
     if problems:
         more = f" (and {len(problems) - 1} more problem(s))" if len(problems) > 1 else ""
         raise PlanError(f"{where}: {problems[0]}{more}")

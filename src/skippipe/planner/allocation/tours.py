@@ -1,0 +1,127 @@
+"""Stage tours: the order of stages 1..S-1 as the cheapest closed tour through stage 0, where only
+groups of equal size may trade places (exhaustive for few stages, Held-Karp, then 2-opt)."""
+
+from __future__ import annotations
+
+import itertools
+from functools import lru_cache
+
+import numpy as np
+
+
+def best_tour(
+    pair_cost: np.ndarray, group_sizes: list[int] | None = None, slot_sizes: list[int] | None = None
+) -> tuple[list[int], float]:
+    """Cheapest closed tour through all stages starting at stage 0 (symmetric costs).
+
+    ``order[i]`` is the group at pipeline position i. With ``group_sizes`` and ``slot_sizes``
+    (nodes per group, nodes wanted at each position) only orders that put a group of the right
+    size at every position count, so unequal stage sizes stay where the workload wants them.
+    Exact up to 9 stages (enumeration) and up to 13 (Held-Karp); beyond that nearest neighbour
+    followed by 2-opt. Of the two directions of a tour, the one whose first hop is cheaper.
+    """
+    s = pair_cost.shape[0]
+    if s == 1:
+        return [0], 0.0
+    if group_sizes is None or slot_sizes is None:
+        gs = want = np.ones(s, dtype=int)  # no size constraint
+    else:
+        gs, want = np.asarray(group_sizes), np.asarray(slot_sizes)
+    if sorted(gs[1:].tolist()) != sorted(want[1:].tolist()) or gs[0] != want[0]:
+        raise ValueError(f"best_tour: group sizes {gs.tolist()} cannot fill positions of sizes {want.tolist()}")
+    if s - 1 <= 8:
+        perms = _tour_permutations(s)
+        perms = perms[(gs[perms] == want[None, 1:]).all(axis=1)]
+        closed = np.concatenate([np.zeros((len(perms), 1), dtype=int), perms, np.zeros((len(perms), 1), dtype=int)], axis=1)
+        totals = pair_cost[closed[:, :-1], closed[:, 1:]].sum(axis=1)
+        best = int(np.argmin(totals))
+        order, cost = [0, *perms[best].tolist()], float(totals[best])
+    elif s <= 13:
+        order, cost = _held_karp(pair_cost, gs, want)
+    else:
+        order, cost = _two_opt(pair_cost, gs, want)
+    reverse = [0, *reversed(order[1:])]
+    if (
+        len(order) > 2
+        and pair_cost[0, order[-1]] < pair_cost[0, order[1]]
+        and all(gs[g] == want[i] for i, g in enumerate(reverse))
+    ):
+        order = reverse
+    return order, cost
+
+
+@lru_cache(maxsize=16)
+def _tour_permutations(s: int) -> np.ndarray:
+    return np.array(list(itertools.permutations(range(1, s))), dtype=int).reshape(-1, s - 1)
+
+
+def _held_karp(cost: np.ndarray, gs: np.ndarray, want: np.ndarray) -> tuple[list[int], float]:
+    s = cost.shape[0]
+    m = s - 1  # groups 1..s-1 are bits 0..m-1; a mask with p bits fills positions 1..p
+    full = 1 << m
+    fits = [[bool(gs[j + 1] == want[p]) for j in range(m)] for p in range(s)]
+    dp = np.full((full, m), np.inf)
+    parent = np.full((full, m), -1, dtype=int)
+    for j in range(m):
+        if fits[1][j]:
+            dp[1 << j, j] = cost[0, j + 1]
+    sub = cost[1:, 1:]
+    for mask in range(1, full):
+        row = dp[mask]
+        if not np.isfinite(row).any():
+            continue
+        pos = bin(mask).count("1") + 1  # the position the next group takes
+        cand = row[:, None] + sub  # from i (in mask) to j
+        best_from = np.argmin(cand, axis=0)
+        best_val = cand[best_from, np.arange(m)]
+        for j in range(m):
+            if mask & (1 << j) or not fits[pos][j]:
+                continue
+            nxt = mask | (1 << j)
+            if best_val[j] < dp[nxt, j]:
+                dp[nxt, j] = best_val[j]
+                parent[nxt, j] = best_from[j]
+    last = dp[full - 1] + cost[1:, 0]
+    j = int(np.argmin(last))
+    total = float(last[j])
+    order, mask = [], full - 1
+    while j >= 0:
+        order.append(j + 1)
+        pj = int(parent[mask, j])
+        mask &= ~(1 << j)
+        j = pj
+    return [0, *reversed(order)], total
+
+
+def _two_opt(cost: np.ndarray, gs: np.ndarray, want: np.ndarray) -> tuple[list[int], float]:
+    s = cost.shape[0]
+    order, left = [0], set(range(1, s))
+    for pos in range(1, s):
+        fitting = [j for j in left if gs[j] == want[pos]]
+        nxt = min(fitting, key=lambda j: (cost[order[-1], j], j))
+        order.append(nxt)
+        left.remove(nxt)
+    tour = order + [0]
+
+    def total(t: list[int]) -> float:
+        return float(sum(cost[t[i], t[i + 1]] for i in range(s)))
+
+    improved = True
+    while improved:
+        improved = False
+        for i in range(1, s - 1):
+            for j in range(i + 1, s):
+                a, b, c, d = tour[i - 1], tour[i], tour[j], tour[j + 1]
+                if cost[a, c] + cost[b, d] < cost[a, b] + cost[c, d] - 1e-12:
+                    trial = tour[:i] + tour[i : j + 1][::-1] + tour[j + 1 :]
+                    if all(gs[g] == want[k] for k, g in enumerate(trial[:-1])):
+                        tour, improved = trial, True
+        for i in range(1, s - 1):  # exchange two groups of the same size
+            for j in range(i + 1, s):
+                if gs[tour[i]] != gs[tour[j]]:
+                    continue
+                trial = list(tour)
+                trial[i], trial[j] = trial[j], trial[i]
+                if total(trial) < total(tour) - 1e-12:
+                    tour, improved = trial, True
+    return tour[:-1], total(tour)

@@ -1,0 +1,29 @@
+"""Shared fixtures."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+
+class FakeClock:
+    """``time.perf_counter`` that advances a fixed step per reading, so time limits can be tested
+    without depending on the machine's speed."""
+
+    def __init__(self, step_s: float) -> None:
+        self.step_s = step_s
+        self.now = 1000.0
+        self.readings = 0
+
+    def __call__(self) -> float:
+        self.readings += 1
+        self.now += self.step_s
+        return self.now
+
+
+@pytest.fixture
+def fake_clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
+    clock = FakeClock(0.01)
+    monkeypatch.setattr(time, "perf_counter", clock)
+    return clock
