@@ -1,8 +1,8 @@
 """HDEE on CPU: every configuration of ``examples/hdee-cpu.toml`` for several seeds, then the
 per-domain tables, the raw JSON and the chart.
 
-    python3 benchmarks/hdee_experiment.py                      # seeds 0 and 1, two processes at once
-    python3 benchmarks/hdee_experiment.py --seeds 0 1 2 --parallel 1
+    PYTHONPATH=src python3 benchmarks/hdee_experiment.py                      # seeds 0 and 1, one process at a time
+    PYTHONPATH=src python3 benchmarks/hdee_experiment.py --seeds 0 1 2 --parallel 2
 
 Each seed is one ``skippipe hdee train`` + ``skippipe hdee eval`` in its own process (one torch
 thread each; the run folders are resumable, so an interrupted experiment continues where it
@@ -21,10 +21,10 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
+from skippipe.fileio import atomic_write_text
+from skippipe.hdee.report import chart, experts_table, markdown_table, summarise, wins
 
-from skippipe.hdee.report import chart, experts_table, markdown_table, summarise, wins  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 COMBINERS = {
     "val_prior": "ensemble, prior fitted on validation",
@@ -78,7 +78,7 @@ def main() -> int:
     ap.add_argument("--config", default="examples/hdee-cpu.toml")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     ap.add_argument("--runs", default="runs/hdee-experiment", help="folder of the per-seed run folders")
-    ap.add_argument("--parallel", type=int, default=2, help="processes at once (one torch thread each)")
+    ap.add_argument("--parallel", type=int, default=1, help="processes at once (one torch thread each)")
     ap.add_argument("--json", default="docs/images/hdee-results.json")
     ap.add_argument("--chart", default="docs/images/hdee.png")
     ap.add_argument("--tables", default="docs/images/hdee-tables.md")
@@ -98,7 +98,8 @@ def main() -> int:
     results = [json.loads((d / "eval" / "results.json").read_text()) for d in seed_dirs.values()]
     plans = {s: json.loads((d / "plan.json").read_text()) for s, d in seed_dirs.items()}
     summary = summarise(results)
-    path = chart(summary, ROOT / args.chart, title=f"HDEE on CPU: ensembles (validation prior) vs homogeneous, {len(results)} seeds")
+    title = f"HDEE on CPU: ensembles (validation prior) vs homogeneous, {len(results)} seeds"
+    path = chart(summary, ROOT / args.chart, title=title)
 
     tables = [f"# HDEE CPU experiment: test perplexity, mean ± std over seeds {args.seeds}\n"]
     for comb, text in COMBINERS.items():
@@ -109,7 +110,7 @@ def main() -> int:
     for c in plans[args.seeds[0]]["configurations"]:
         experts = ", ".join(e["name"] for e in c["experts"])
         tables.append(f"| {c['name']} | {experts} | {c['flops']:.4g} |")
-    (ROOT / args.tables).write_text("\n".join(tables) + "\n")
+    atomic_write_text(ROOT / args.tables, "\n".join(tables) + "\n")
 
     def _plain(s: dict) -> dict:
         return {comb: {c: {d: {"mean": v[0], "std": v[1], "runs": v[2]} for d, v in row.items()} for c, row in rows.items()}
@@ -128,9 +129,7 @@ def main() -> int:
         "measured_vs_manual": _measured_vs_manual(summary),
         "runs": results,
     }
-    tmp = (ROOT / args.json).with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(out, indent=1) + "\n")
-    os.replace(tmp, ROOT / args.json)
+    atomic_write_text(ROOT / args.json, json.dumps(out, indent=1) + "\n")
     print("\n".join(tables))
     print(f"\nheterogeneous best (validation prior, mean over seeds): {out['wins_val_prior']['heterogeneous']} of "
           f"{out['wins_val_prior']['domains']} domains: {out['wins_val_prior']['best']}")

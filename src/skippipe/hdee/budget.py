@@ -64,7 +64,9 @@ class Configuration:
     def to_dict(self) -> dict:
         return {
             "name": self.name, "kind": self.kind, "difficulty": self.difficulty, "flops": self.flops,
-            "experts": [{"name": e.name, "domain": e.domain, "size": e.size, "steps": e.steps, "flops": e.flops} for e in self.experts],
+            "experts": [
+                {"name": e.name, "domain": e.domain, "size": e.size, "steps": e.steps, "flops": e.flops} for e in self.experts
+            ],
         }
 
     @staticmethod

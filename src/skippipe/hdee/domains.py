@@ -121,7 +121,9 @@ def _order_key(salt: str, name: str) -> str:
     return hashlib.sha256(f"{salt}\0{name}".encode()).hexdigest()
 
 
-def split_documents(name: str, docs: list[Document], val_fraction: float, test_fraction: float, salt: str = "hdee") -> DomainSplit:
+def split_documents(
+    name: str, docs: list[Document], val_fraction: float, test_fraction: float, salt: str = "hdee"
+) -> DomainSplit:
     """Train / validation / test by whole documents (see the module docstring)."""
     if len(docs) < 3:
         raise DomainError(f"domain {name!r}: {len(docs)} document(s); a train/validation/test split needs at least 3")

@@ -108,7 +108,9 @@ def _train_config(spec: JobSpec) -> TrainConfig:
 
 
 @torch.no_grad()
-def validation_losses(model: Llama, data: RunData, domains: tuple[str, ...], windows: int, batch_size: int = 16) -> dict[str, float]:
+def validation_losses(
+    model: Llama, data: RunData, domains: tuple[str, ...], windows: int, batch_size: int = 16
+) -> dict[str, float]:
     """Mean next-token loss (nats per token) on evenly spread validation windows of each domain."""
     model.eval()
     out = {}
@@ -144,7 +146,8 @@ def run_job(
     digest = spec.digest()
     done = ckpt.final_of(job_dir, digest)
     if done is not None:
-        return JobResult(spec.label, done.step, spec.steps, 0.0, _tail(done.losses), done.extra.get("val_loss", {}), True, done.losses)
+        val = done.extra.get("val_loss", {})
+        return JobResult(spec.label, done.step, spec.steps, 0.0, _tail(done.losses), val, True, done.losses)
     model = _start_model(spec)
     tcfg = _train_config(spec)
     opt = make_optimizer(model, tcfg)
@@ -186,7 +189,8 @@ def run_job(
     extra = {"job": spec.label, "flops": spec.flops(), "val_loss": val, "seconds": seconds}
     ckpt.save_final(job_dir, digest, model.cfg, model, losses, {"job": asdict(spec)}, data.tokenizer, extra)
     shown = ", ".join(f"{k} {v:.3f}" for k, v in val.items())
-    report(f"[{spec.label}] done: {spec.steps} steps, loss {_tail(losses):.3f}{', val ' + shown if shown else ''} ({seconds:.0f} s)")
+    shown = f", val {shown}" if shown else ""
+    report(f"[{spec.label}] done: {spec.steps} steps, loss {_tail(losses):.3f}{shown} ({seconds:.0f} s)")
     return JobResult(spec.label, step, spec.steps, seconds, _tail(losses), val, False, losses)
 
 
