@@ -30,7 +30,8 @@ def write_config(root: Path, **sections: str) -> Path:
         "train": "steps = 8\nbatch_size = 4\nwarmup_steps = 2\nlr = 3e-3",
         "seed_model": "steps = 8\nbatch_size = 4\nwarmup_steps = 2",
         "difficulty": "eval_windows = 4\nprobe_steps = 8",
-        "ensemble": 'difficulty = ["manual", "seed-loss", "probe"]\neval_windows = 6\nprior_windows = 4\nbatch_size = 4',
+        "ensemble": 'difficulty = ["manual", "seed-loss", "probe"]\neval_windows = 6\nprior_windows = 4\nbatch_size = 4\n'
+                    "budget_tolerance = 0.1",  # 8 steps: rounding to whole steps moves a budget by several %
         **sections,
     }
     text = "".join(f"[{name}]\n{body}\n\n" for name, body in tables.items())
