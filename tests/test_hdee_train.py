@@ -13,6 +13,7 @@ from skippipe.hdee.budget import ExpertPlan
 from skippipe.hdee.checkpoint import JobCheckpointError
 from skippipe.hdee.config import load_hdee_config
 from skippipe.hdee.data import prepare_data
+from skippipe.hdee.jobs import run_jobs
 from skippipe.hdee.pipeline import expert_spec, seed_specs
 from skippipe.hdee.train import load_expert, run_job
 from skippipe.model.llama import Llama
@@ -86,3 +87,19 @@ def test_experts_branch_from_the_seed_model_of_their_size(setup, tmp_path):
     assert 0 < step_gap < fresh_gap / 2
     manifest = json.loads((run / spec.folder / "final" / "manifest.json").read_text())
     assert manifest["flops"] == spec.flops() and "green" in manifest["val_loss"]
+
+
+def test_parallel_jobs_give_the_same_experts_as_one_after_another(setup, tmp_path):
+    """Experts are independent: two worker processes train them to the same weights as one process."""
+    cfg, data = setup
+    specs = [expert_spec(cfg, data, tmp_path / "run", {}, ExpertPlan(d, "S", 3, 0)) for d in ("red", "green")]
+    lines: list[str] = []
+    together = run_jobs(specs, tmp_path / "run", jobs=2, log=lines.append)
+    assert [r.steps_done for r in together] == [3, 3]
+    assert any(line.startswith("[expert red-S-3] done") for line in lines)
+    for spec in specs:
+        alone = run_job(spec, tmp_path / "alone", data=data, report=lambda line: None)
+        assert alone.losses == pytest.approx(together[specs.index(spec)].losses, rel=1e-5)
+        a, b = _weights(tmp_path / "run", spec.folder), _weights(tmp_path / "alone", spec.folder)
+        for name in a:
+            torch.testing.assert_close(a[name], b[name], rtol=1e-5, atol=1e-6)
