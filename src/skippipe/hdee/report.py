@@ -39,12 +39,35 @@ def summarise(runs: list[dict[str, Any]], combiners: tuple[str, ...] = ("val_pri
                 if vals and all(v is not None for v in vals):
                     row[d] = _stat([math.exp(v) for v in vals])
             ppl[comb][c] = row
+    slots: dict[tuple[str, str], list[str]] = {}  # (configuration, domain) -> that expert's name in each run
+    for r in runs:
+        for slot, name in _expert_slots(r).items():
+            slots.setdefault(slot, []).append(name)
     experts: dict[str, dict[str, Stat]] = {}
-    for name in first["experts"]:
-        experts[name] = {
-            d: _stat([math.exp(r["experts"][name][d]) for r in runs if name in r["experts"]]) for d in domains
-        }
+    for slot, names in slots.items():
+        by_run = [r["experts"][n] for r in runs for n in [_expert_slots(r).get(slot)] if n is not None]
+        experts[_slot_label(slot, names)] = {d: _stat([math.exp(e[d]) for e in by_run]) for d in domains}
     return {"domains": first["domains"], "configurations": configs, "ppl": ppl, "experts": experts, "runs": len(runs)}
+
+
+def _expert_slots(run: dict[str, Any]) -> dict[tuple[str, str], str]:
+    """Each distinct expert of a run under (the first configuration that uses it, its domain): the
+    same slot in runs with other seeds, even where a measured difficulty gave it other steps."""
+    seen: dict[str, tuple[str, str]] = {}
+    for c, info in run["configurations"].items():
+        for name in info["experts"]:
+            if name not in seen:
+                seen[name] = (c, name.rsplit("-", 2)[0])
+    return {slot: name for name, slot in seen.items()}
+
+
+def _slot_label(slot: tuple[str, str], names: list[str]) -> str:
+    """``bible-M-240`` when every run trained the same expert, else ``bible-M-384/380 (steps/seed-loss)``."""
+    unique = list(dict.fromkeys(names))
+    if len(unique) == 1:
+        return unique[0]
+    domain, size = slot[1], unique[0].rsplit("-", 2)[1]
+    return f"{domain}-{size}-{'/'.join(n.rsplit('-', 1)[1] for n in names)} ({slot[0]})"
 
 
 def _cell(s: Stat, best: bool) -> str:
