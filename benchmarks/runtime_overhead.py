@@ -59,7 +59,7 @@ def main() -> int:
     data = token_data_for(tc)
     model_cfg = tc.model_config(data.vocab_size)
     seq_len = tc.tokens_per_sample(model_cfg)
-    workload = probe.plan.workload(model_cfg.n_layers, model_cfg.d_model, seq_len, tc.samples_per_microbatch)
+    workload = probe.plan.workload(model_cfg.n_layers, model_cfg.d_model, seq_len, tc.samples_per_microbatch, probe.runtime.wire)
     problem = build_problem(load_cluster("gcp-2025/single-cluster/8"), workload)
     plan = make_plan("skippipe", problem, seed=0, time_limit_s=10)
     save_plan(plan, out / "plan.json")

@@ -48,7 +48,7 @@ def write_config(folder: Path, plan: Plan, steps: int = 3, runtime: dict | None 
         "plan": {"file": str(folder / "plan.json")},
         "train": {**TINY_TRAIN, "steps": steps, **(train or {})},
         "model": TINY_MODEL,
-        "runtime": {"emulate": False, "timeout_s": 60.0, "rendezvous_timeout_s": 30.0, **(runtime or {})},
+        "runtime": {"emulate": False, "timeout_s": 60.0, "rendezvous_timeout_s": 30.0, "wire": "fp32", **(runtime or {})},
     }
     path = folder / "config.json"
     path.write_text(json.dumps(cfg))

@@ -145,3 +145,13 @@ def test_export_command(checkpoint, tmp_path, capsys):
     assert main(["eval", str(path), "--samples", "4", "--json"]) == 0
     assert via_hf["loss"] == pytest.approx(json.loads(capsys.readouterr().out)["loss"], abs=1e-5)
     assert main(["export", str(tmp_path / "missing"), "--hf", str(tmp_path / "x")]) == 2
+
+
+def test_export_sets_end_of_text_and_tokenizer_config(checkpoint, tmp_path):
+    path, model = checkpoint
+    assert main(["export", str(path), "--hf", str(tmp_path / "hf")]) == 0
+    tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    hf = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "hf")
+    eot = tok.convert_tokens_to_ids("<|endoftext|>")
+    assert hf.config.eos_token_id == eot == tok.eos_token_id and hf.config.pad_token_id == eot == tok.pad_token_id
+    assert tok.decode(tok("In the beginning")["input_ids"]) == "In the beginning"

@@ -15,7 +15,7 @@ SRC = ROOT / "src" / "skippipe"
 # Lower layers never import higher ones: cluster/costs/workload -> plan file -> simulator/bounds
 # -> planner -> model/data -> training/eval -> runtime/HDEE -> commands.
 LAYERS: dict[str, int] = {
-    "skippipe": 0, "skippipe.errors": 0, "skippipe.fileio": 0, "skippipe.config_fields": 0,
+    "skippipe": 0, "skippipe.errors": 0, "skippipe.fileio": 0, "skippipe.config_fields": 0, "skippipe.limits": 0,
     "skippipe.costs": 0, "skippipe.cluster": 0, "skippipe.workload": 0,
     "skippipe.planfile": 1,
     "skippipe.sim": 2, "skippipe.bounds": 2, "skippipe.viz": 2,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -77,7 +76,7 @@ def test_train_with_a_missing_plan_file_or_bad_config(tmp_path):
     cfg.write_text(json.dumps(data))
     out = _skippipe("train", str(cfg), "--no-progress")
     assert out.returncode == 2 and _error_lines(out.stderr) == [
-        "skippipe train: error: runtime: time_scale must be > 0, got -1.0"
+        f"skippipe train: error: {cfg} [runtime]: time_scale must be > 0, got -1.0"
     ]
 
 
@@ -127,10 +126,9 @@ def _start_and_wait(tmp_path: Path, timeout_s: float) -> tuple[subprocess.Popen,
     pids: dict[int, int] = {}
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None:
-        for node in range(7):
-            log = run / "logs" / f"node-{node:03d}.log"
-            if node not in pids and log.is_file() and (m := re.search(r"pid (\d+)", log.read_text())):
-                pids[node] = int(m.group(1))
+        listed = run / "logs" / "workers.json"  # the launcher names its workers' pids
+        if listed.is_file():
+            pids = {int(k): int(v) for k, v in json.loads(listed.read_text())["workers"].items()}
         metrics = run / "metrics.jsonl"
         if len(pids) == 7 and metrics.is_file() and len(metrics.read_text().splitlines()) >= 3:
             break

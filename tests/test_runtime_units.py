@@ -146,12 +146,13 @@ def test_memory_cap_holds_back_forwards():
 
 
 @given(st.lists(st.integers(1, 5), min_size=0, max_size=6), st.sampled_from([torch.float32, torch.bfloat16, torch.int64]),
-       st.integers(0, 10**6), st.integers(0, 10**6))
+       st.integers(0, 10**6), st.integers(0, 10**6), st.sampled_from(["fp32", "bf16", "int8"]))
 @settings(max_examples=50, deadline=None)
-def test_header_round_trip(shape, dtype, iteration, mb):
-    msg = Message(iteration, mb, BACKWARD, torch.zeros(shape, dtype=dtype), sent_at=1234.5)
-    it, m, direction, dt, sent, got_shape = decode_header(encode_header(msg))
+def test_header_round_trip(shape, dtype, iteration, mb, wire):
+    msg = Message(iteration, mb, BACKWARD, torch.zeros(shape, dtype=dtype), sent_at=1234.5, wire=wire)
+    it, m, direction, dt, sent, got_shape, got_wire = decode_header(encode_header(msg))
     assert (it, m, direction, dt, got_shape) == (iteration, mb, BACKWARD, dtype, list(shape))
+    assert got_wire == (wire if dtype.is_floating_point else "fp32")
     assert sent == pytest.approx(1234.5)
 
 

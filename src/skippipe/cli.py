@@ -2,8 +2,8 @@
 provides ``add_arguments(parser)`` and ``run(args) -> int``; modules are imported only when
 their command runs, so planning commands never import torch.
 
-Every user-facing error is one line on stderr and a non-zero exit code (2: bad input, 3: a run
-failed, 1: an unexpected error), never a traceback.
+Every user-facing error is one line on stderr and a non-zero exit code (``SkipPipeError.exit_code``:
+2 bad input, 3 a failed run, 128 + N a run stopped by signal N; 1 an unexpected error), never a traceback.
 """
 
 from __future__ import annotations
@@ -14,9 +14,10 @@ import importlib.util
 import os
 import sys
 
-from skippipe.errors import UserError
+from skippipe.errors import SkipPipeError
 
 COMMANDS: list[tuple[str, str]] = [
+    ("prepare", "tokenize your text files / JSON Lines into token shards for training"),
     ("plan", "cluster + workload -> plan file"),
     ("simulate", "simulate one iteration of a plan: table, JSON, Gantt chart"),
     ("compare", "all planning methods on one cluster: table + bar chart"),
@@ -24,6 +25,7 @@ COMMANDS: list[tuple[str, str]] = [
     ("worker", "one worker process (used by `train` and by torchrun)"),
     ("eval", "validation perplexity, optionally with stages omitted"),
     ("export", "export a checkpoint to a Hugging Face LLaMA directory"),
+    ("profile", "measure links, compute and memory of a launch's workers: a cluster file for plan"),
     ("hdee", "heterogeneous domain expert ensembles: train, eval, generate"),
 ]
 
@@ -55,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         module = importlib.import_module(f"skippipe.commands.{args.command}")
         return int(module.run(args) or 0)
-    except UserError as exc:
+    except SkipPipeError as exc:
         return _fail(args.command, str(exc), exc.exit_code)
     except KeyboardInterrupt:
         print(f"skippipe {args.command}: interrupted", file=sys.stderr)

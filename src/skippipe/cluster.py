@@ -9,6 +9,7 @@ TOML) that gives each node a location, explicit latency/bandwidth matrices, or a
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
@@ -18,9 +19,10 @@ from typing import Any
 import numpy as np
 
 from skippipe.config_fields import read_config_file as read_json_or_toml
-from skippipe.config_fields import reject_unknown_keys
+from skippipe.config_fields import read_dataclass, show
 from skippipe.costs import forward_seconds, transfer_seconds
 from skippipe.errors import ClusterError
+from skippipe.limits import MAX_CHARS, MAX_NODES
 
 TABLE_NAMES = ("gcp-2025", "aws-2022")
 SETTING_NAMES = ("geo-distributed", "single-cluster", "5-clusters")
@@ -40,7 +42,7 @@ class Cluster:
     forward_s: np.ndarray | None = None  # explicit forward seconds per microbatch per node
     memory: np.ndarray | None = None  # activation slots (microbatches) per node
     stages: list[list[int]] | None = None  # a fixed node -> stage allocation
-    t_layer_s: float | None = None  # the table's compute constant, if it came from one
+    t_layer_s: float | None = None  # compute constant of the reference layer (costs.layer_flops), if given
 
     def __post_init__(self) -> None:
         if self.compute_speed.size == 0:
@@ -68,6 +70,7 @@ class Cluster:
         return np.full(self.n, int(default), dtype=int)
 
     def to_dict(self) -> dict[str, Any]:
+        """The cluster as a file ``cluster_from_dict`` reads back."""
         out: dict[str, Any] = {"name": self.name, "n": self.n}
         if self.locations is not None:
             out["locations"] = list(self.locations)
@@ -76,9 +79,10 @@ class Cluster:
         else:
             out["latency_ms"] = np.asarray(self.latency_ms).tolist()
             out["bandwidth_GBps"] = np.asarray(self.bandwidth_GBps).tolist()
-        out["compute_speed"] = np.asarray(self.compute_speed).tolist()
-        if self.forward_s is not None:
+        if self.forward_s is not None:  # the two exclude each other in a cluster file
             out["forward_s"] = np.asarray(self.forward_s).tolist()
+        else:
+            out["compute_speed"] = np.asarray(self.compute_speed).tolist()
         if self.memory is not None:
             out["memory"] = np.asarray(self.memory).tolist()
         if self.stages is not None:
@@ -98,7 +102,7 @@ def network_tables() -> dict[str, Any]:
 def _table(name: str) -> dict[str, Any]:
     tables = network_tables()
     if name not in tables:
-        raise ClusterError(f"unknown network table {name!r} (known: {', '.join(tables)})")
+        raise ClusterError(f"unknown network table {show(name)} (known: {', '.join(tables)})")
     return tables[name]
 
 
@@ -112,7 +116,7 @@ def location_matrices(table: str, locations: list[str]) -> tuple[np.ndarray, np.
     known = list(tab["locations"])
     for loc in locations:
         if loc not in known:
-            raise ClusterError(f"unknown location {loc!r} in table {table!r} (known: {', '.join(known)})")
+            raise ClusterError(f"unknown location {show(loc)} in table {table!r} (known: {', '.join(known)})")
     k = len(known)
     idx = {name: i for i, name in enumerate(known)}
     lat = np.full((k, k), np.nan)
@@ -141,9 +145,9 @@ def preset_cluster(table: str, setting: str, n: int) -> Cluster:
     """N nodes placed round-robin over the locations of one of the table's settings."""
     tab = _table(table)
     if setting not in tab["settings"]:
-        raise ClusterError(f"unknown setting {setting!r} for table {table!r} (known: {', '.join(tab['settings'])})")
-    if n < 2:
-        raise ClusterError(f"a cluster needs at least 2 nodes, got {n}")
+        raise ClusterError(f"unknown setting {show(setting)} for table {table!r} (known: {', '.join(tab['settings'])})")
+    if not 2 <= n <= MAX_NODES:
+        raise ClusterError(f"a cluster needs 2 to {MAX_NODES} nodes, got {n}")
     locs = list(tab["settings"][setting])
     locations = [locs[i % len(locs)] for i in range(n)]
     lat, bw = location_matrices(table, locations)
@@ -161,12 +165,15 @@ def parse_preset(spec: str) -> Cluster:
     """``TABLE/SETTING/N``, e.g. ``gcp-2025/geo-distributed/20``."""
     parts = spec.split("/")
     if len(parts) != 3:
-        raise ClusterError(f"preset must look like TABLE/SETTING/N (e.g. gcp-2025/geo-distributed/20), got {spec!r}")
+        raise ClusterError(f"preset must look like TABLE/SETTING/N (e.g. gcp-2025/geo-distributed/20), got {show(spec)}")
     table, setting, n_text = parts
+    if n_text.isdigit() and len(n_text) > len(str(MAX_NODES)):  # int() of 5,000 digits would fail with a ValueError
+        shown = n_text if len(n_text) <= 20 else f"a number of {len(n_text)} digits"
+        raise ClusterError(f"a cluster needs 2 to {MAX_NODES} nodes, got {shown}")
     try:
         n = int(n_text)
     except ValueError:
-        raise ClusterError(f"preset node count must be an integer, got {n_text!r}") from None
+        raise ClusterError(f"preset node count must be an integer, got {show(n_text)}") from None
     return preset_cluster(table, setting, n)
 
 
@@ -178,109 +185,110 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     return read_json_or_toml(path, default_format="json", error=ClusterError)
 
 
-def _matrix(data: dict[str, Any], key: str, n: int | None, where: str) -> np.ndarray:
-    value = data[key]
-    try:
-        m = np.array(value, dtype=float)
-    except (TypeError, ValueError):
-        raise ClusterError(f"{where}: {key} must be a square matrix of numbers") from None
-    if m.ndim != 2 or m.shape[0] != m.shape[1]:
-        raise ClusterError(f"{where}: {key} must be a square N x N matrix, got shape {list(m.shape)}")
+PER_NODE = {"max_len": MAX_NODES}  # lists and matrices have one entry per node
+NON_NEGATIVE = {"min": 0, **PER_NODE}
+ABOVE_ZERO = {"gt": 0, **PER_NODE}
+
+
+@dataclass(frozen=True)
+class ClusterFile:
+    """The keys of a cluster file, read by ``read_dataclass``; ``cluster_from_dict`` checks how
+    they fit together (shapes, one link description) and builds the ``Cluster``."""
+
+    name: str | None = None
+    description: str | None = None
+    n: int | None = field(default=None, metadata={"min": 2, "max": MAX_NODES})  # optional: must match the matrices
+    table: str = "gcp-2025"  # network table for locations without matrices
+    locations: list[str] | None = field(default=None, metadata=PER_NODE)
+    latency_ms: list[list[float]] | None = field(default=None, metadata=NON_NEGATIVE)
+    bandwidth_GBps: list[list[float]] | None = field(default=None, metadata=NON_NEGATIVE)
+    transfer_s: list[list[float]] | None = field(default=None, metadata=NON_NEGATIVE)
+    compute_speed: float | list[float] | None = field(default=None, metadata=ABOVE_ZERO)  # one for all, or per node
+    forward_s: float | list[float] | None = field(default=None, metadata=ABOVE_ZERO)
+    memory: int | list[int] | None = field(default=None, metadata={"min": 1, **PER_NODE})
+    stages: list[list[int]] | None = field(default=None, metadata={"min": 0, "max": MAX_NODES - 1, "min_len": 1, **PER_NODE})
+    t_layer_s: float | None = field(default=None, metadata=ABOVE_ZERO)
+    profile: dict[str, Any] | None = None  # what `skippipe profile` measured (kept for reference, not read)
+
+
+def _matrix(value: list[list[float]], key: str, n: int | None, where: str) -> np.ndarray:
+    if any(len(row) != len(value) for row in value):
+        lengths = sorted({len(row) for row in value})
+        raise ClusterError(
+            f"{key} must be a square N x N matrix, got {len(value)} rows of length {lengths}", where=where, key=key
+        )
+    m = np.array(value, dtype=float).reshape(len(value), len(value))
     if n is not None and m.shape[0] != n:
-        raise ClusterError(f"{where}: {key} is {m.shape[0]} x {m.shape[0]} but the cluster has {n} nodes")
-    if not np.all(np.isfinite(m)):
-        raise ClusterError(f"{where}: {key} has non-finite entries")
-    if np.any(m < 0):
-        i, j = map(int, np.argwhere(m < 0)[0])
-        raise ClusterError(f"{where}: {key}[{i}][{j}] is negative ({m[i, j]})")
+        raise ClusterError(f"{key} is {m.shape[0]} x {m.shape[0]} but the cluster has {n} nodes", where=where, key=key)
     return m
 
 
-def _vector(data: dict[str, Any], key: str, n: int, where: str, positive: bool = True) -> np.ndarray:
-    value = data[key]
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        value = [value] * n
-    try:
-        v = np.array(value, dtype=float)
-    except (TypeError, ValueError):
-        raise ClusterError(f"{where}: {key} must be a number or a list of {n} numbers") from None
-    if v.ndim != 1 or v.shape[0] != n:
-        raise ClusterError(f"{where}: {key} must have one entry per node ({n}), got {v.size}")
-    if positive and np.any(~(v > 0)):
-        raise ClusterError(f"{where}: every {key} entry must be > 0")
-    return v
-
-
-KNOWN_KEYS = {
-    "name", "table", "locations", "latency_ms", "bandwidth_GBps", "transfer_s",
-    "compute_speed", "forward_s", "memory", "stages", "t_layer_s", "n", "description",
-}
+def _vector(value: float | list[float], key: str, n: int, where: str) -> np.ndarray:
+    values = value if isinstance(value, list) else [value] * n
+    if len(values) != n:
+        raise ClusterError(f"{key} must have one entry per node ({n}), got {len(values)}", where=where, key=key)
+    return np.array(values, dtype=float)
 
 
 def cluster_from_dict(data: dict[str, Any], where: str = "cluster") -> Cluster:
-    reject_unknown_keys(data, KNOWN_KEYS, where, error=ClusterError)
-    sources = [k for k in ("locations", "latency_ms", "transfer_s") if k in data]
-    if "transfer_s" in data and ("latency_ms" in data or "locations" in data and "bandwidth_GBps" in data):
-        raise ClusterError(f"{where}: give either transfer_s or latency_ms/bandwidth_GBps, not both")
-    if not sources:
-        raise ClusterError(f"{where}: needs one of locations, latency_ms + bandwidth_GBps, or transfer_s")
-    name = str(data.get("name", where))
-    locations = data.get("locations")
+    f = read_dataclass(ClusterFile, data, where, error=ClusterError)
+    if f.transfer_s is not None and (f.latency_ms is not None or f.bandwidth_GBps is not None):
+        raise ClusterError("give either transfer_s or latency_ms/bandwidth_GBps, not both", where=where, key="transfer_s")
+    if f.locations is None and f.latency_ms is None and f.transfer_s is None:
+        raise ClusterError("needs one of locations, latency_ms + bandwidth_GBps, or transfer_s", where=where)
+    if f.compute_speed is not None and f.forward_s is not None:
+        raise ClusterError("give compute_speed or forward_s, not both", where=where, key="forward_s")
     latency = bandwidth = transfer = None
-    t_layer = data.get("t_layer_s")
-    if locations is not None:
-        if not isinstance(locations, list) or not all(isinstance(x, str) for x in locations):
-            raise ClusterError(f"{where}: locations must be a list of location names")
-    if "transfer_s" in data:
-        transfer = _matrix(data, "transfer_s", None, where)
+    t_layer = f.t_layer_s
+    if f.transfer_s is not None:
+        transfer = _matrix(f.transfer_s, "transfer_s", None, where)
         n = transfer.shape[0]
-    elif "latency_ms" in data:
-        if "bandwidth_GBps" not in data:
-            raise ClusterError(f"{where}: latency_ms needs a bandwidth_GBps matrix beside it")
-        latency = _matrix(data, "latency_ms", None, where)
+    elif f.latency_ms is not None:
+        if f.bandwidth_GBps is None:
+            raise ClusterError("latency_ms needs a bandwidth_GBps matrix beside it", where=where, key="latency_ms")
+        latency = _matrix(f.latency_ms, "latency_ms", None, where)
         n = latency.shape[0]
-        bandwidth = _matrix(data, "bandwidth_GBps", n, where)
-        off = ~np.eye(n, dtype=bool)
-        if np.any(bandwidth[off] <= 0):
-            raise ClusterError(f"{where}: bandwidth_GBps must be > 0 between distinct nodes")
+        bandwidth = _matrix(f.bandwidth_GBps, "bandwidth_GBps", n, where)
+        if np.any(bandwidth[~np.eye(n, dtype=bool)] <= 0):
+            raise ClusterError("bandwidth_GBps must be > 0 between distinct nodes", where=where, key="bandwidth_GBps")
     else:
-        table = data.get("table", "gcp-2025")
-        assert locations is not None
-        latency, bandwidth = location_matrices(table, locations)
-        n = len(locations)
+        assert f.locations is not None
+        if f.table not in network_tables():
+            known = ", ".join(network_tables())
+            raise ClusterError(f"unknown network table {show(f.table)} (known: {known})", where=where, key="table")
+        places = list(_table(f.table)["locations"])
+        for i, loc in enumerate(f.locations):
+            if loc not in places:
+                raise ClusterError(
+                    f"locations[{i}]: unknown location {show(loc)} in table {f.table!r} (known: {', '.join(places)})",
+                    where=where, key="locations",
+                )
+        latency, bandwidth = location_matrices(f.table, f.locations)
+        n = len(f.locations)
         if t_layer is None:
-            t_layer = float(_table(table)["compute_s_per_sample_per_layer"])
-    if locations is not None and len(locations) != n:
-        raise ClusterError(f"{where}: {len(locations)} locations for {n} nodes")
+            t_layer = float(_table(f.table)["compute_s_per_sample_per_layer"])
+    if f.locations is not None and len(f.locations) != n:
+        raise ClusterError(f"{len(f.locations)} locations for {n} nodes", where=where, key="locations")
     if n < 2:
-        raise ClusterError(f"{where}: a cluster needs at least 2 nodes, got {n}")
-    if "compute_speed" in data and "forward_s" in data:
-        raise ClusterError(f"{where}: give compute_speed or forward_s, not both")
-    speed = _vector(data, "compute_speed", n, where) if "compute_speed" in data else np.ones(n)
-    forward = _vector(data, "forward_s", n, where) if "forward_s" in data else None
-    memory = None
-    if "memory" in data:
-        mem = _vector(data, "memory", n, where)
-        if np.any(mem != np.round(mem)):
-            raise ClusterError(f"{where}: memory must be whole numbers of microbatches")
-        memory = mem.astype(int)
-    stages = None
-    if "stages" in data:
-        stages = data["stages"]
-        if not isinstance(stages, list) or not all(isinstance(s, list) and s for s in stages):
-            raise ClusterError(f"{where}: stages must be a list of non-empty lists of node ids")
-        stages = [[int(x) for x in s] for s in stages]
+        raise ClusterError(f"a cluster needs at least 2 nodes, got {n}", where=where)
+    if f.n is not None and f.n != n:
+        raise ClusterError(f"n = {f.n} but the cluster has {n} nodes", where=where, key="n")
+    memory = None if f.memory is None else _vector(f.memory, "memory", n, where).astype(int)
     return Cluster(
-        name=name, n=n, locations=locations, latency_ms=latency, bandwidth_GBps=bandwidth,
-        transfer_s=transfer, compute_speed=speed, forward_s=forward, memory=memory,
-        stages=stages, t_layer_s=None if t_layer is None else float(t_layer),
+        name=where if f.name is None else f.name, n=n, locations=f.locations, latency_ms=latency,
+        bandwidth_GBps=bandwidth, transfer_s=transfer,
+        compute_speed=np.ones(n) if f.compute_speed is None else _vector(f.compute_speed, "compute_speed", n, where),
+        forward_s=None if f.forward_s is None else _vector(f.forward_s, "forward_s", n, where),
+        memory=memory, stages=f.stages, t_layer_s=t_layer,
     )
 
 
 def load_cluster(spec: str) -> Cluster:
     """A preset ``TABLE/SETTING/N``, a shipped example name, or a path to a JSON/TOML file."""
+    if len(spec) > MAX_CHARS:
+        raise ClusterError(f"a cluster name or path of {len(spec)} characters, more than the limit of {MAX_CHARS}")
     p = Path(spec)
-    if p.suffix.lower() in (".json", ".toml") or p.exists():
+    if p.suffix.lower() in (".json", ".toml") or _exists(p):
         return cluster_from_dict(read_config_file(p), where=str(p))
     examples = example_cluster_names()
     if spec in examples:
@@ -289,9 +297,16 @@ def load_cluster(spec: str) -> Cluster:
     if spec.count("/") == 2:
         return parse_preset(spec)
     raise ClusterError(
-        f"unknown cluster {spec!r}: give TABLE/SETTING/N (tables {', '.join(TABLE_NAMES)}; "
+        f"unknown cluster {show(spec)}: give TABLE/SETTING/N (tables {', '.join(TABLE_NAMES)}; "
         f"settings {', '.join(SETTING_NAMES)}), a shipped example ({', '.join(examples)}), or a .json/.toml file"
     )
+
+
+def _exists(p: Path) -> bool:
+    try:
+        return p.exists()
+    except OSError:  # e.g. a name too long for the file system: not a file, maybe a preset
+        return False
 
 
 def example_cluster_names() -> list[str]:
@@ -303,15 +318,18 @@ def example_cluster_names() -> list[str]:
 
 
 def _check_cluster(c: Cluster) -> None:
-    where = c.name
+    if not 2 <= c.n <= MAX_NODES:
+        raise ClusterError(f"a cluster needs 2 to {MAX_NODES} nodes, got {c.n}", where=c.name, key="n")
+    if c.t_layer_s is not None and not 0 < c.t_layer_s < math.inf:
+        raise ClusterError(f"t_layer_s must be > 0 and finite, got {c.t_layer_s}", where=c.name, key="t_layer_s")
     if c.stages is not None:
         seen: set[int] = set()
         for s in c.stages:
             for node in s:
                 if not 0 <= node < c.n:
-                    raise ClusterError(f"{where}: stage node {node} is not a node id (0..{c.n - 1})")
+                    raise ClusterError(f"stage node {node} is not a node id (0..{c.n - 1})", where=c.name, key="stages")
                 if node in seen:
-                    raise ClusterError(f"{where}: node {node} appears in more than one stage")
+                    raise ClusterError(f"node {node} appears in more than one stage", where=c.name, key="stages")
                 seen.add(node)
     if c.memory is not None and np.any(np.asarray(c.memory) < 1):
-        raise ClusterError(f"{where}: memory must be at least 1 microbatch on every node")
+        raise ClusterError("memory must be at least 1 microbatch on every node", where=c.name, key="memory")

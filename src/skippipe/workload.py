@@ -6,50 +6,74 @@ Defaults are the reference configuration (DESIGN §3): 6 stages, paths of 4 stag
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
-from typing import Any
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, ClassVar
 
-from skippipe.config_fields import reject_unknown_keys, value_like
-from skippipe.errors import UserError
+from skippipe.config_fields import check_fields, invalid, read_dataclass
+from skippipe.costs import WireFormat
+from skippipe.errors import WorkloadError
+from skippipe.limits import MAX_CTX, MAX_LAYERS, MAX_MICROBATCHES, MAX_NODES, MAX_SAMPLES, MAX_STAGES, MAX_WIDTH, at_most
+
+NON_NEGATIVE = {"min": 0}
 
 
 @dataclass(frozen=True)
-class Workload:
-    num_stages: int = 6
+class PipelineShape:
+    """The pipeline a plan lays out: stages, path length, microbatches, memory, path rules.
+
+    The keys of ``[plan]`` in a ``skippipe train`` config; ``Workload`` adds the model's size.
+    """
+
+    config_label: ClassVar[str] = "workload"
+    config_error: ClassVar[type[WorkloadError]] = WorkloadError
+
+    num_stages: int = field(default=6, metadata=at_most(MAX_STAGES, min=2))
     path_length: int = 4  # stages each microbatch visits, stage 0 included
-    microbatches_per_data_node: int = 6
-    samples_per_microbatch: int = 8
-    memory: int = 3  # activation slots per node, unless the cluster says otherwise
-    d_model: int = 1024
-    ctx: int = 1024
-    n_layers: int = 24
-    max_swaps: int = 1
-    max_jump: int = 4  # a visit goes at most this many stages past the highest one reached (CC3)
-    stage_sizes: tuple[int, ...] | None = None  # nodes per stage; derived when None
+    microbatches_per_data_node: int = field(default=6, metadata=at_most(MAX_MICROBATCHES, min=1))
+    memory: int = field(default=3, metadata={"min": 1})  # activation slots per node, unless the cluster says otherwise
+    max_swaps: int = field(default=1, metadata=NON_NEGATIVE)
+    max_jump: int = field(default=4, metadata=NON_NEGATIVE)  # a visit goes at most this many stages past the highest reached
+    # nodes per stage; derived from the cluster's size when None
+    stage_sizes: tuple[int, ...] | None = field(default=None, metadata=at_most(MAX_NODES, min=1, max_len=MAX_STAGES))
 
     def __post_init__(self) -> None:
-        if self.num_stages < 2:
-            raise UserError(f"workload: num_stages must be at least 2, got {self.num_stages}")
+        check_fields(self)
         if not 2 <= self.path_length <= self.num_stages:
-            raise UserError(
-                f"workload: path_length L={self.path_length} must be between 2 and the number of stages S={self.num_stages}"
+            raise invalid(
+                self, "path_length",
+                f"path_length L={self.path_length} must be between 2 and the number of stages S={self.num_stages}",
             )
+        if self.stage_sizes is not None and len(self.stage_sizes) != self.num_stages:
+            raise invalid(
+                self, "stage_sizes", f"stage_sizes has {len(self.stage_sizes)} entries for {self.num_stages} stages"
+            )
+
+    def with_model(
+        self, n_layers: int, d_model: int, ctx: int, samples_per_microbatch: int, wire_format: WireFormat = "fp32"
+    ) -> Workload:
+        """This pipeline for a model of ``n_layers`` layers, ``d_model`` wide, ``ctx`` tokens, whose
+        activations travel in ``wire_format``."""
+        shape = {f.name: getattr(self, f.name) for f in fields(PipelineShape)}
+        return Workload(
+            **shape, n_layers=n_layers, d_model=d_model, ctx=ctx, samples_per_microbatch=samples_per_microbatch,
+            wire_format=wire_format,
+        )
+
+
+@dataclass(frozen=True)
+class Workload(PipelineShape):
+    """A pipeline shape and the model it carries (activation size, layers per stage)."""
+
+    samples_per_microbatch: int = field(default=8, metadata=at_most(MAX_SAMPLES, min=1))
+    d_model: int = field(default=1024, metadata=at_most(MAX_WIDTH, min=1))
+    ctx: int = field(default=1024, metadata=at_most(MAX_CTX, min=1))
+    n_layers: int = field(default=24, metadata=at_most(MAX_LAYERS, min=1))
+    wire_format: WireFormat = "fp32"  # activations/gradients on the wire: bytes per value (skippipe.costs)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
         if self.n_layers < self.num_stages:
-            raise UserError(f"workload: {self.n_layers} layers cannot fill {self.num_stages} stages")
-        for name in ("microbatches_per_data_node", "samples_per_microbatch", "d_model", "ctx"):
-            if getattr(self, name) < 1:
-                raise UserError(f"workload: {name} must be at least 1")
-        if self.memory < 1:
-            raise UserError(f"workload: memory must be at least 1 microbatch, got {self.memory}")
-        if self.max_swaps < 0 or self.max_jump < 0:
-            raise UserError("workload: max_swaps and max_jump must be >= 0")
-        if self.stage_sizes is not None:
-            if len(self.stage_sizes) != self.num_stages:
-                raise UserError(
-                    f"workload: stage_sizes has {len(self.stage_sizes)} entries for {self.num_stages} stages"
-                )
-            if any(s < 1 for s in self.stage_sizes):
-                raise UserError("workload: every stage needs at least one node")
+            raise invalid(self, "n_layers", f"{self.n_layers} layers cannot fill {self.num_stages} stages")
 
     @property
     def skip_ratio(self) -> float:
@@ -76,13 +100,13 @@ class Workload:
         """
         if self.stage_sizes is not None:
             if sum(self.stage_sizes) != n_nodes:
-                raise UserError(
-                    f"workload: stage_sizes add up to {sum(self.stage_sizes)} nodes but the cluster has {n_nodes}"
+                raise invalid(
+                    self, "stage_sizes", f"stage_sizes add up to {sum(self.stage_sizes)} nodes but the cluster has {n_nodes}"
                 )
             return list(self.stage_sizes)
         s = self.num_stages
         if n_nodes < s:
-            raise UserError(f"a cluster of {n_nodes} nodes cannot hold {s} stages")
+            raise WorkloadError(f"a cluster of {n_nodes} nodes cannot hold {s} stages")
         data = max(1, round(n_nodes / self.path_length))
         data = min(data, n_nodes - (s - 1))
         rest = n_nodes - data
@@ -96,17 +120,10 @@ class Workload:
         return d
 
 
+# The pipeline ``skippipe train`` plans when its ``[plan]`` table does not say: a small run.
+TRAINING_SHAPE = PipelineShape(num_stages=4, path_length=3, microbatches_per_data_node=4, memory=2)
+
+
 def workload_from_dict(data: dict[str, Any], where: str = "workload") -> Workload:
-    reject_unknown_keys(data, (f.name for f in fields(Workload)), where)
-    defaults = Workload()
-    kwargs: dict[str, Any] = {}
-    for key, value in data.items():
-        if key == "stage_sizes":
-            if value is not None:
-                if not isinstance(value, list) or not all(isinstance(v, int) for v in value):
-                    raise UserError(f"{where}: stage_sizes must be a list of integers")
-                value = tuple(value)
-        else:
-            value = value_like(getattr(defaults, key), value, key, where)
-        kwargs[key] = value
-    return Workload(**kwargs)
+    """A workload from a table of a JSON/TOML file; ``WorkloadError``s name ``where`` and the key."""
+    return read_dataclass(Workload, data, where)

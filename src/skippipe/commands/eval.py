@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
 
     torch.set_num_threads(1)
     from skippipe.data.dataset import validation_tokens
-    from skippipe.data.tokenizer import load_tokenizer_file
+    from skippipe.data.tokenizers_hf import load_tokenizer_file
     from skippipe.eval import layer_order, omission_sweep, validation_loss
     from skippipe.model.checkpoint import load_checkpoint, load_model
     from skippipe.model.hf import load_hf_model

@@ -19,6 +19,7 @@ from typing import Any
 
 from skippipe.errors import UserError
 from skippipe.fileio import check_writable
+from skippipe.limits import FLOAT_LIMIT, INT_LIMIT
 
 # flag (dest) -> Workload field
 WORKLOAD_FLAGS = {
@@ -42,22 +43,31 @@ def add_problem_arguments(parser: argparse.ArgumentParser) -> None:
                    help="preset TABLE/SETTING/N (e.g. gcp-2025/geo-distributed/20), a shipped example "
                         "(e.g. gcp20-current-free) or a cluster file (.json/.toml)")
     g.add_argument("--workload", metavar="FILE", help="workload file (.toml or .json); the flags below override it")
-    g.add_argument("--stages", type=int, metavar="S", help="number of stages, stage 0 = data nodes (default 6)")
-    g.add_argument("--path-length", type=int, metavar="L", help="stages each microbatch visits, stage 0 included (default 4)")
-    g.add_argument("--microbatches", type=int, metavar="m", help="microbatches per data node (default 6)")
-    g.add_argument("--samples", type=int, metavar="b", help="samples per microbatch (default 8)")
-    g.add_argument("--memory", type=int, metavar="M", help="activation slots per node, unless the cluster says otherwise (default 3)")
-    g.add_argument("--max-swaps", type=int, metavar="K", help="swaps of adjacent stages per path (default 1)")
-    g.add_argument("--max-jump", type=int, metavar="J", help="a visit may go at most J stages past the highest stage reached so far "
-                        "(default 4: at most 3 stages skipped at once)")
-    g.add_argument("--layers", type=int, metavar="N", help="model layers (default 24)")
-    g.add_argument("--d-model", type=int, metavar="D", help="model width, sets the activation size (default 1024)")
-    g.add_argument("--ctx", type=int, metavar="T", help="context length, sets the activation size (default 1024)")
+    from skippipe.workload import Workload
+
+    d = Workload()  # the defaults, for the help texts
+    g.add_argument("--stages", type=int, metavar="S",
+                   help=f"number of stages, stage 0 = data nodes (default {d.num_stages})")
+    g.add_argument("--path-length", type=int, metavar="L",
+                   help=f"stages each microbatch visits, stage 0 included (default {d.path_length})")
+    g.add_argument("--microbatches", type=int, metavar="m",
+                   help=f"microbatches per data node (default {d.microbatches_per_data_node})")
+    g.add_argument("--samples", type=int, metavar="b", help=f"samples per microbatch (default {d.samples_per_microbatch})")
+    g.add_argument("--memory", type=int, metavar="M",
+                   help=f"activation slots per node, unless the cluster says otherwise (default {d.memory})")
+    g.add_argument("--max-swaps", type=int, metavar="K", help=f"swaps of adjacent stages per path (default {d.max_swaps})")
+    g.add_argument("--max-jump", type=int, metavar="J",
+                   help=f"a visit may go at most J stages past the highest stage reached so far (default {d.max_jump}: "
+                        f"at most {d.max_jump - 1} stages skipped at once)")
+    g.add_argument("--layers", type=int, metavar="N", help=f"model layers (default {d.n_layers})")
+    g.add_argument("--d-model", type=int, metavar="D", help=f"model width, sets the activation size (default {d.d_model})")
+    g.add_argument("--ctx", type=int, metavar="T", help=f"context length, sets the activation size (default {d.ctx})")
     g.add_argument("--stage-sizes", metavar="A,B,..", help="nodes per stage, e.g. 5,3,3,3,3,3 (default: balanced load)")
 
 
 def add_planning_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--seed", type=int, default=0, help="random seed; plans are deterministic per seed (default 0)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="random seed (>= 0); plans are deterministic per seed (default %(default)s)")
     parser.add_argument("--time-limit", type=float, metavar="SEC",
                         help="cut the search short after this many seconds (per method)")
 
@@ -66,7 +76,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_problem_arguments(parser)
     from skippipe.planner.methods import method_names
 
-    parser.add_argument("--method", default="skippipe", choices=method_names(), help="planning method (default skippipe)")
+    parser.add_argument("--method", default="skippipe", choices=method_names(), help="planning method (default %(default)s)")
     add_planning_arguments(parser)
     parser.add_argument("--out", required=True, metavar="FILE.json", help="where to write the plan")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
@@ -76,16 +86,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def workload_from_args(args: argparse.Namespace) -> Any:
-    """The workload file (if any) with the command-line flags on top."""
-    from skippipe.cluster import read_config_file
+    """The workload file (if any) with the command-line flags on top; errors are ``WorkloadError``s."""
+    from skippipe.config_fields import read_config_file
+    from skippipe.errors import WorkloadError
     from skippipe.workload import workload_from_dict
 
     data: dict[str, Any] = {}
     where = "workload"
     if getattr(args, "workload", None):
-        raw = read_config_file(args.workload)
-        data = dict(raw.get("workload", raw))  # a [workload] table or the top level
         where = str(args.workload)
+        data = read_config_file(args.workload, error=WorkloadError, what="workload file")
+        if "workload" in data:  # a [workload] table, or the keys at the top level
+            extra = sorted(str(key) for key in data if key != "workload")
+            if extra:
+                raise WorkloadError(f"unknown top-level key(s) {', '.join(extra)} beside [workload]", where=where, key=extra[0])
+            where = f"{where} [workload]"
+            data = data["workload"]
+            if not isinstance(data, dict):
+                raise WorkloadError("[workload] must be a table", where=str(args.workload), key="workload")
+        data = dict(data)
     for flag, field in WORKLOAD_FLAGS.items():
         value = getattr(args, flag, None)
         if value is not None:
@@ -94,7 +113,7 @@ def workload_from_args(args: argparse.Namespace) -> Any:
         data["stage_sizes"] = _parse_sizes(args.stage_sizes)
     memory = data.get("memory")
     if isinstance(memory, int) and not isinstance(memory, bool) and memory < 1:
-        raise UserError(f"memory M={memory} is too small to make any plan: every node needs at least 1 activation slot")
+        raise WorkloadError(f"memory M={memory} is too small to make any plan: every node needs at least 1 activation slot")
     return workload_from_dict(data, where=where)
 
 
@@ -112,10 +131,13 @@ def problem_from_args(args: argparse.Namespace) -> Any:
     from skippipe.cluster import load_cluster
     from skippipe.planner.problem import build_problem
 
-    cluster = load_cluster(args.cluster)
+    if args.time_limit is not None and not 0 < args.time_limit <= FLOAT_LIMIT:
+        raise UserError(f"--time-limit must be > 0 seconds and finite, got {args.time_limit}")
+    seed = getattr(args, "seed", 0)
+    if not 0 <= seed <= INT_LIMIT:
+        raise UserError(f"--seed must be >= 0, got {seed}" if seed < 0 else f"--seed must be at most 2**31, got {seed}")
     workload = workload_from_args(args)
-    if args.time_limit is not None and not args.time_limit > 0:
-        raise UserError(f"--time-limit must be > 0 seconds, got {args.time_limit}")
+    cluster = load_cluster(args.cluster)
     return build_problem(cluster, workload)
 
 
@@ -123,9 +145,12 @@ def problem_from_args(args: argparse.Namespace) -> Any:
 
 
 def plan_summary(plan: Any, problem: Any) -> dict[str, Any]:
+    from skippipe.planner.floors import free_allocation_floor
+
     w = problem.workload
     lb = plan.lower_bound_s
     ms = plan.predicted_makespan_s
+    floor_all = free_allocation_floor(problem).value if problem.fixed_stages is None else None
     return {
         "method": plan.method,
         "cluster": problem.cluster.name,
@@ -140,6 +165,8 @@ def plan_summary(plan: Any, problem: Any) -> dict[str, Any]:
         "lower_bound_s": lb,
         "ratio": (ms / lb) if lb and ms and math.isfinite(ms) else None,
         "planning_s": plan.meta.get("planning_s"),
+        "floor_all_s": floor_all,
+        "ratio_all": (ms / floor_all) if floor_all and ms and math.isfinite(ms) else None,
     }
 
 
@@ -153,6 +180,8 @@ def format_summary(doc: dict[str, Any]) -> str:
     ]
     if doc["lower_bound_s"]:
         lines.append(f"lower bound  {doc['lower_bound_s']:.2f} s (makespan / bound = {doc['ratio']:.3f})")
+    if doc.get("floor_all_s"):
+        lines.append(f"floor        {doc['floor_all_s']:.2f} s over every allocation (makespan / floor = {doc['ratio_all']:.3f})")
     if doc["planning_s"] is not None:
         lines.append(f"planned in   {doc['planning_s']:.2f} s")
     return "\n".join(lines)

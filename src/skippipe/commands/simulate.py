@@ -60,7 +60,10 @@ def summary(plan: Plan, result: SimResult) -> dict[str, Any]:
     mb_wait: dict[int, float] = {}
     for op in result.ops:
         mb_wait[op.mb] = mb_wait.get(op.mb, 0.0) + op.start - op.ready
+    from skippipe.planner.floors import plan_free_floor
+
     lb = result.lower_bound_s
+    free = plan_free_floor(plan) if lb else None
     return {
         "method": plan.method,
         "n_nodes": plan.n_nodes,
@@ -75,6 +78,7 @@ def summary(plan: Plan, result: SimResult) -> dict[str, Any]:
         "memory_floor_s": _round(plan_memory_floor(plan)) if lb else None,
         "data_node_floor_s": _round(plan_data_node_floor(plan)) if lb else None,
         "ratio": _round(result.makespan_s / lb) if lb > 0 and result.finished else None,
+        "floor_all_s": _round(free.value) if free is not None else None,
         "microbatch_wait_s": {str(k): round(v, 4) for k, v in sorted(mb_wait.items())},
         "nodes": nodes,
     }
@@ -106,6 +110,9 @@ def format_table(doc: dict[str, Any], title: str) -> str:
     lines.append(f"lower bound   {doc['lower_bound_s']:.2f} s ({parts})")
     if doc["ratio"] is not None:
         lines.append(f"ratio         {doc['ratio']:.3f} (makespan / lower bound)")
+    if doc.get("floor_all_s") and doc["finished"]:
+        lines.append(f"floor         {doc['floor_all_s']:.2f} s over every allocation of these stage sizes "
+                     f"(makespan / floor = {doc['makespan_s'] / doc['floor_all_s']:.3f})")
     return "\n".join(lines)
 
 

@@ -20,9 +20,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plan", help="plan file (default: [plan] file of the config, else RUN/plan.json)")
     parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in the run folder")
     parser.add_argument("--until", type=int, help="stop after this iteration (a checkpoint is written there)")
+    parser.add_argument("--checkpoint-on-stop", action="store_true",
+                        help="on SIGINT/SIGTERM all workers finish the iteration and write a checkpoint there")
 
 
 def run(args: argparse.Namespace) -> int:
-    from skippipe.runtime.entry import run_worker
+    from skippipe.runtime.entry import WorkerArgs, run_worker
 
-    return run_worker(args.config, run_dir=args.run_dir, plan_path=args.plan, resume=args.resume, until=args.until)
+    return run_worker(WorkerArgs(
+        args.config, run_dir=args.run_dir, plan=args.plan, resume=args.resume, until=args.until,
+        checkpoint_on_stop=args.checkpoint_on_stop,
+    ))

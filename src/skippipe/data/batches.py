@@ -10,6 +10,9 @@ targets). Microbatch ``rank`` = its position in the plan's microbatches sorted b
   is what the convergence experiment needs: full pipeline and SkipPipe get identical data).
 - ``sharding="node"``: data node ``d`` (position ``j`` in stage 0) draws only from part ``j``
   of ``len(stage 0)`` contiguous shards of the training array.
+
+``sampling="epoch"`` (the default for a prepared dataset) reads every window once per epoch
+instead of drawing starts at random (``skippipe.data.stream``).
 """
 
 from __future__ import annotations
@@ -38,8 +41,12 @@ def sample_starts(
 
 def microbatch_starts(
     plan: Plan, mb_id: int, iteration: int, n_tokens: int, seq_len: int, samples: int,
-    seed: int = 0, sharding: str = "stream",
+    seed: int = 0, sharding: str = "stream", sampling: str = "random",
 ) -> np.ndarray:
+    if sampling == "epoch":  # every window once per epoch (skippipe.data.stream)
+        from skippipe.data.stream import epoch_starts
+
+        return epoch_starts(plan, mb_id, iteration, n_tokens, seq_len, samples, seed, sharding)
     rank = microbatch_ranks(plan)[mb_id]
     shard = None
     if sharding == "node":

@@ -7,6 +7,8 @@ Documents are joined with the end-of-text token.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,7 +16,10 @@ from pathlib import Path
 import numpy as np
 
 from skippipe.data.corpora import corpus_fingerprint, train_val_texts
+from skippipe.data.shards import INDEX, open_split, read_index
 from skippipe.data.tokenizer import BPETokenizer, ByteTokenizer, Tokenizer, bpe_cache_path, cached_bpe, default_cache_dir
+from skippipe.data.tokenizers_hf import load_tokenizer_file, resolve_tokenizer, tokenizer_digest
+from skippipe.errors import DataError
 
 
 @dataclass
@@ -58,6 +63,9 @@ def load_token_data(
     if tokenizer == "bytes":
         tok: Tokenizer = ByteTokenizer()
         key = f"bytes-{fp}-{val_fraction}"
+    elif tokenizer != "bpe":  # "gpt2" or a tokenizer.json file
+        tok = resolve_tokenizer(tokenizer)
+        key = f"tok{tokenizer_digest(tok)}-{fp}-{val_fraction}"
     else:
         # the BPE is trained on the training split only, so validation text stays unseen
         bpe_path = bpe_cache_path(folder, f"{fp}-{val_fraction}", vocab_size)
@@ -80,9 +88,12 @@ def load_token_data(
 
 
 def token_data_for(cfg: object) -> TokenData:
-    """``load_token_data`` with the fields of a ``TrainConfig``."""
+    """``load_token_data`` with the fields of a ``TrainConfig``; a prepared dataset
+    (``[train] data``, made by ``skippipe prepare``) is memory-mapped instead."""
+    if getattr(cfg, "data", None):
+        return load_prepared(cfg.data)  # type: ignore[attr-defined]
     return load_token_data(
-        corpus=cfg.corpus, tokenizer=cfg.tokenizer, vocab_size=cfg.vocab_size,  # type: ignore[attr-defined]
+        corpus=cfg.corpus, tokenizer=cfg.tokenizer, vocab_size=cfg.bpe_vocab_size(),  # type: ignore[attr-defined]
         val_fraction=cfg.val_fraction, cache_dir=cfg.cache_dir,  # type: ignore[attr-defined]
     )
 
@@ -92,3 +103,19 @@ def validation_tokens(
 ) -> np.ndarray:
     """The validation split encoded with a given tokenizer (e.g. the one saved in a checkpoint)."""
     return _join(tok, train_val_texts(list(corpus), val_fraction)[1])
+
+
+def load_prepared(folder: str | Path, check: bool = False) -> TokenData:
+    """A dataset made by ``skippipe prepare``: memory-mapped splits (``shards.TokenShards``) and
+    its tokenizer; ``check`` also verifies every shard's sha256."""
+    p = Path(folder)
+    index = read_index(p)
+    name = str(index.get("tokenizer"))
+    if name != "bytes" and Path(name).name != name:
+        raise DataError(f"{p / INDEX}: tokenizer {name!r} must be a file name inside the dataset folder")
+    tok = ByteTokenizer() if name == "bytes" else load_tokenizer_file(p / name)
+    if tok.vocab_size != index.get("vocab_size") or tok.eot_id != index.get("eot_id"):
+        raise DataError(f"{p}: {name} does not match {INDEX} (vocabulary size or end-of-text id)")
+    digest = hashlib.sha256(json.dumps(index["splits"], sort_keys=True).encode()).hexdigest()[:16]
+    train, val = open_split(p, "train", check), open_split(p, "val", check)
+    return TokenData(train=train, val=val, tokenizer=tok, fingerprint=digest)  # type: ignore[arg-type]

@@ -135,10 +135,3 @@ def cached_bpe(texts: list[str], vocab_size: int, fingerprint: str, cache_dir: s
     tok.path = path
     return tok
 
-
-def load_tokenizer_file(path: str | Path) -> Tokenizer:
-    """A tokenizer saved next to a checkpoint: a ``tokenizers`` JSON file, or the word ``bytes``."""
-    p = Path(path)
-    if p.name == "bytes" or (p.is_file() and p.read_text().strip() == "bytes"):
-        return ByteTokenizer()
-    return BPETokenizer.from_file(p)

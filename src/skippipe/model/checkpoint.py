@@ -136,6 +136,8 @@ def load_checkpoint(directory: str | Path) -> Checkpoint:
         raise UserError(f"{cfg_path}: not valid JSON ({exc})") from None
     except UnicodeDecodeError:
         raise UserError(f"{cfg_path}: not a text file (not UTF-8)") from None
+    except (ValueError, RecursionError):  # an integer of more than 4300 digits, or nesting too deep
+        raise UserError(f"{cfg_path}: not valid JSON (a number too long or nested too deeply)") from None
     if not isinstance(meta, dict) or meta.get("format") != CHECKPOINT_FORMAT:
         raise UserError(f"{d}: config.json is not a skippipe checkpoint (for a Hugging Face directory use --hf)")
     version, step = meta.get("version", 0), meta.get("step", 0)

@@ -6,40 +6,43 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields, replace
-from typing import Any
+from dataclasses import asdict, dataclass, field
+from typing import Any, ClassVar
 
-from skippipe.config_fields import reject_unknown_keys, value_like
-from skippipe.errors import UserError
+from skippipe.config_fields import check_fields, invalid, read_dataclass, show
+from skippipe.errors import ConfigError
+from skippipe.limits import MAX_CTX, MAX_LAYERS, MAX_PARAMS, MAX_VOCAB, MAX_WIDTH, at_most
+
+ABOVE_ZERO = {"gt": 0}
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    vocab_size: int = 4096
-    d_model: int = 128
-    n_layers: int = 12
-    n_heads: int = 4
-    n_kv_heads: int = 2  # grouped-query attention: n_heads must be a multiple of it
-    ffn_dim: int = 352  # SwiGLU hidden width
-    ctx: int = 128  # maximum sequence length
-    rope_theta: float = 10000.0
-    norm_eps: float = 1e-5
-    init_std: float = 0.02
-    seed: int = 0  # weights of layer i come from a generator seeded by (seed, i)
+    config_label: ClassVar[str] = "model"
+
+    vocab_size: int = field(default=4096, metadata=at_most(MAX_VOCAB, min=1))
+    d_model: int = field(default=128, metadata=at_most(MAX_WIDTH, min=1))
+    n_layers: int = field(default=12, metadata=at_most(MAX_LAYERS, min=1))
+    n_heads: int = field(default=4, metadata=at_most(MAX_WIDTH, min=1))
+    # grouped-query attention: n_heads must be a multiple of it
+    n_kv_heads: int = field(default=2, metadata=at_most(MAX_WIDTH, min=1))
+    ffn_dim: int = field(default=352, metadata=at_most(MAX_WIDTH, min=1))  # SwiGLU hidden width
+    ctx: int = field(default=128, metadata=at_most(MAX_CTX, min=1))  # maximum sequence length
+    rope_theta: float = field(default=10000.0, metadata=ABOVE_ZERO)
+    norm_eps: float = field(default=1e-5, metadata=ABOVE_ZERO)
+    init_std: float = field(default=0.02, metadata=ABOVE_ZERO)
+    seed: int = field(default=0, metadata={"min": 0})  # weights of layer i come from a generator seeded by (seed, i)
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "ctx"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise UserError(f"model: {name} must be a positive integer, got {value!r}")
+        check_fields(self)
         if self.d_model % self.n_heads:
-            raise UserError(f"model: d_model={self.d_model} is not a multiple of n_heads={self.n_heads}")
+            raise invalid(self, "d_model", f"d_model={self.d_model} is not a multiple of n_heads={self.n_heads}")
         if self.n_heads % self.n_kv_heads:
-            raise UserError(f"model: n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}")
+            raise invalid(self, "n_heads", f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}")
         if (self.d_model // self.n_heads) % 2:
-            raise UserError(f"model: head size {self.d_model // self.n_heads} must be even for rotary embeddings")
-        if not self.rope_theta > 0 or not self.norm_eps > 0 or not self.init_std > 0:
-            raise UserError("model: rope_theta, norm_eps and init_std must be > 0")
+            raise invalid(self, "n_heads", f"head size {self.d_model // self.n_heads} must be even for rotary embeddings")
+        if self.num_params() > MAX_PARAMS:
+            raise invalid(self, None, f"{self.num_params():.3g} parameters, more than the limit of {MAX_PARAMS:.0e}")
 
     @property
     def head_dim(self) -> int:
@@ -74,18 +77,21 @@ PRESETS: dict[str, ModelConfig] = {
 
 def get_preset(name: str, **overrides: Any) -> ModelConfig:
     """A named preset, optionally with some fields replaced (e.g. ``vocab_size`` from the tokenizer)."""
-    if name not in PRESETS:
-        raise UserError(f"unknown model preset {name!r} (known: {', '.join(PRESETS)})")
-    return model_config_from_dict(overrides, base=PRESETS[name], where=f"model preset {name!r}") if overrides else PRESETS[name]
+    base = _preset(name, "model")
+    return read_dataclass(ModelConfig, overrides, f"model preset {name!r}", base=base) if overrides else base
 
 
 def model_config_from_dict(data: dict[str, Any], base: ModelConfig | None = None, where: str = "model") -> ModelConfig:
     """Fields from a JSON/TOML table; a ``preset`` key picks the base. Unknown keys are errors."""
-    data = dict(data)
+    if not isinstance(data, dict):
+        raise ConfigError(f"must be a table such as {{preset = \"tiny\"}}, got {show(data)}", where=where)
     if "preset" in data:
-        base = get_preset(str(data.pop("preset")))
-    base = base or ModelConfig()
-    reject_unknown_keys(data, ["preset", *(f.name for f in fields(ModelConfig))], where)
-    for key, value in data.items():
-        data[key] = value_like(getattr(base, key), value, key, where)
-    return replace(base, **data)
+        base = _preset(data["preset"], where)
+    fields_only = {key: value for key, value in data.items() if key != "preset"}
+    return read_dataclass(ModelConfig, fields_only, where, base=base or ModelConfig(), other_keys=["preset"])
+
+
+def _preset(name: Any, where: str) -> ModelConfig:
+    if not isinstance(name, str) or name not in PRESETS:
+        raise ConfigError(f"unknown model preset {show(name)} (known: {', '.join(PRESETS)})", where=where, key="preset")
+    return PRESETS[name]

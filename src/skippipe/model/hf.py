@@ -60,13 +60,24 @@ def from_hf_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
-def export_hf(directory: str | Path, cfg: ModelConfig, state: dict[str, torch.Tensor], tokenizer_file: Path | None = None) -> Path:
+def export_hf(
+    directory: str | Path, cfg: ModelConfig, state: dict[str, torch.Tensor], tokenizer_file: Path | None = None
+) -> Path:
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     save_safetensors(d / "model.safetensors", to_hf_names(state), {"format": "pt"})
+    config = hf_config(cfg)
     if tokenizer_file is not None:
+        from skippipe.data.tokenizers_hf import load_tokenizer_json
+
+        tok = load_tokenizer_json(tokenizer_file)  # generate() stops at its end-of-text token
+        config.update(eos_token_id=tok.eot_id, pad_token_id=tok.eot_id)
+        special = {"eos_token": tok.eot_token, "pad_token": tok.eot_token}
+        tok_config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": cfg.ctx, **special}
         atomic_write_text(d / "tokenizer.json", Path(tokenizer_file).read_text())
-    atomic_write_text(d / "config.json", json.dumps(hf_config(cfg), indent=1) + "\n")
+        atomic_write_text(d / "tokenizer_config.json", json.dumps(tok_config, indent=1) + "\n")
+        atomic_write_text(d / "special_tokens_map.json", json.dumps(special, indent=1) + "\n")
+    atomic_write_text(d / "config.json", json.dumps(config, indent=1) + "\n")
     return d
 
 
@@ -129,6 +140,9 @@ def load_hf_model(directory: str | Path) -> Any:
     model = Llama(cfg)
     result = model.load_state_dict(state, strict=False)
     if result.missing_keys or result.unexpected_keys:
-        raise UserError(f"{directory}: weights do not match config.json (missing {result.missing_keys[:3]}, unexpected {result.unexpected_keys[:3]})")
+        raise UserError(
+            f"{directory}: weights do not match config.json "
+            f"(missing {result.missing_keys[:3]}, unexpected {result.unexpected_keys[:3]})"
+        )
     model.eval()
     return model

@@ -22,6 +22,11 @@ counting the TC1 loads. For a set D of data nodes (every set of the stage-0 size
   ``min_c max(RA + (c-1)(R0 + og), ceil((m-c)/(k-1)) R0 + (ceil(..) - 1) og)``.
 
 The floor of D is the largest of these terms; the floor of the problem is the least over D.
+When the paths are too many to enumerate the round trips are bounded from below instead
+(``relaxed_floors.relaxed_round_trips``), when the sets are too many the set-free floor is
+used (the stage-0 size-th smallest data-node floor), and the result is never below the
+capacity floor (``relaxed_floors.capacity_floor``: the visits must fit on the other nodes),
+so the floor scales to 1,000 nodes.
 It is exact reasoning on relaxed round trips, so it is valid for every allocation, path choice
 and processing order the simulator runs. On the current-code reference network it is 54.60 s:
 remote nodes (Australia) must carry 6 microbatches each, and no data node can both run its own
@@ -30,6 +35,7 @@ trips fast and take one through Australia.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from dataclasses import dataclass
@@ -37,10 +43,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from skippipe.bounds import data_node_floor, trip_floor
+from skippipe.cluster import Cluster
+from skippipe.costs import CostModel
 from skippipe.errors import UserError
-from skippipe.planner.problem import Problem
+from skippipe.planfile import Plan
+from skippipe.planner.problem import Problem, build_problem
+from skippipe.planner.relaxed_floors import capacity_floor, relaxed_round_trips
+from skippipe.workload import workload_from_dict
 
-__all__ = ["trip_floor", "allocation_data_node_floor", "free_allocation_floor", "FreeFloor"]
+__all__ = ["trip_floor", "allocation_data_node_floor", "free_allocation_floor", "plan_free_floor", "FreeFloor"]
 
 
 def allocation_data_node_floor(problem: Problem, stages: list[list[int]]) -> float:
@@ -56,6 +67,8 @@ class FreeFloor:
     value: float  # no plan on any allocation finishes sooner
     data_nodes: tuple[int, ...]  # a data-node set attaining it
     exhaustive: bool  # every data-node set was tried (else: the weaker, set-free floor)
+    exact_trips: bool = True  # round trips enumerated (else: relaxed lower bounds)
+    capacity_s: float = 0.0  # the capacity floor (already counted in value)
 
 
 def _round_trips(problem: Problem) -> tuple[np.ndarray, np.ndarray]:
@@ -103,8 +116,10 @@ def _slow_one(ra: float, r0: float, m: int, k: int, og: float) -> float:
 def free_allocation_floor(problem: Problem, max_sets: int = 200_000, max_tuples: int = 2_000_000) -> FreeFloor:
     """The load-aware floor over every allocation of ``problem`` (see the module text).
 
-    Tries every data-node set when there are at most ``max_sets``; otherwise returns the
-    set-free floor (the stage-0 size-th smallest data node floor), which is weaker but valid.
+    Tries every data-node set when there are at most ``max_sets``; otherwise uses the set-free
+    floor (the stage-0 size-th smallest data node floor), which is weaker but valid. Round trips
+    are enumerated up to ``max_tuples`` paths and bounded from below beyond. The result is never
+    below ``capacity_floor``.
     """
     w = problem.workload
     cm = problem.cost_model
@@ -112,16 +127,18 @@ def free_allocation_floor(problem: Problem, max_sets: int = 200_000, max_tuples:
     D = int(problem.stage_sizes[0])
     m = w.microbatches_per_data_node
     hops = w.path_length - 1
-    if n * math.perm(n - 1, max(0, hops)) > max_tuples:
-        raise UserError(f"free_allocation_floor: {n} nodes with paths of {hops} nodes are too many to enumerate")
+    if D > n:
+        raise UserError(f"free_allocation_floor: {D} data nodes but only {n} nodes")
+    exact = n * math.perm(n - 1, max(0, hops)) <= max_tuples
     f = np.asarray(problem.forward_s, dtype=float)
     mem = np.asarray(problem.memory, dtype=int)
-    r0, ra = _round_trips(problem)
+    r0, ra = _round_trips(problem) if exact else relaxed_round_trips(problem)
     tf = np.array([trip_floor(r0[d], f[d], f[d] * cm.backward_factor, m, max(1, int(mem[d])), cm.inject_gap_s,
                               cm.op_gap_s) for d in range(n)])
     order = np.argsort(tf, kind="stable")
+    cap = capacity_floor(problem, tf)
     if math.comb(n, D) > max_sets or hops <= 0:
-        return FreeFloor(float(tf[order[D - 1]]), tuple(int(x) for x in order[:D]), False)
+        return FreeFloor(max(cap, float(tf[order[D - 1]])), tuple(int(x) for x in order[:D]), False, exact, cap)
     og = cm.op_gap_s
     slow = np.full((n, n), math.inf)
     for d in range(n):
@@ -147,4 +164,19 @@ def free_allocation_floor(problem: Problem, max_sets: int = 200_000, max_tuples:
             val = max(val, float(slow[np.ix_(idx, others[must])].min(axis=0).max()))
         if val < best[0]:
             best = (val, data)
-    return FreeFloor(best[0], tuple(int(x) for x in best[1]), True)
+    return FreeFloor(max(cap, best[0]), tuple(int(x) for x in best[1]), True, exact, cap)
+
+
+def plan_free_floor(plan: Plan) -> FreeFloor | None:
+    """``free_allocation_floor`` for the cluster, costs and workload a plan file carries (its
+    stage sizes kept); None when the file records no workload."""
+    if not plan.workload:
+        return None
+    w = dataclasses.replace(workload_from_dict(dict(plan.workload), where="plan workload"),
+                            stage_sizes=tuple(len(s) for s in plan.stages))
+    c = plan.costs
+    cluster = Cluster(name="plan", n=plan.n_nodes, transfer_s=np.array(c.transfer_s, dtype=float),
+                      forward_s=np.array(c.forward_s, dtype=float), memory=np.array(plan.memory, dtype=int))
+    cm = CostModel(backward_factor=c.backward_factor, loss_factor=c.loss_factor, inject_gap_s=c.inject_gap_s,
+                   op_gap_s=c.op_gap_s)
+    return free_allocation_floor(build_problem(cluster, w, cm))

@@ -38,7 +38,10 @@ def _full(problem: Problem, seed: int, time_limit_s: float | None) -> Plan:
 
 
 def _random(problem: Problem, seed: int, time_limit_s: float | None) -> Plan:
-    stages = _stages(problem, seed, time_limit_s)
+    return _random_on(problem, _stages(problem, seed, time_limit_s), seed)
+
+
+def _random_on(problem: Problem, stages: list[list[int]], seed: int) -> Plan:
     plan = random_plan(problem, stages=stages, seed=seed)
     for draw in range(1, RANDOM_DRAWS):
         if _simulate(plan).finished:
@@ -62,7 +65,28 @@ def _no_tc2(problem: Problem, seed: int, time_limit_s: float | None) -> Plan:
 
 
 def _skippipe(problem: Problem, seed: int, time_limit_s: float | None) -> Plan:
-    return plan_skippipe(problem, seed=seed, time_limit_s=time_limit_s)
+    return plan_skippipe(problem, seed=seed, time_limit_s=time_limit_s,
+                         fallbacks=lambda stages: _fallbacks(problem, stages, seed))
+
+
+def _fallbacks(problem: Problem, stages: list[list[int]], seed: int) -> list[tuple[str, Plan]]:
+    """skippipe's safety net: the naive plan and the random plan on skippipe's allocation (the
+    ``random`` method's plan for the same seed), simulated; those that finish."""
+    out: list[tuple[str, Plan]] = []
+    makers: list[tuple[str, Callable[[], Plan]]] = [
+        ("naive", lambda: naive_plan(problem, seed=seed)),
+        ("random", lambda: _random_on(problem, stages, seed)),
+    ]
+    for name, make in makers:
+        try:
+            plan = make()
+        except UserError:
+            continue
+        result = _simulate(plan)
+        if result.finished:
+            plan.predicted_makespan_s = float(result.makespan_s)
+            out.append((name, plan))
+    return out
 
 
 METHODS: dict[str, Planner] = {

@@ -12,8 +12,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from skippipe.cluster import Cluster
-from skippipe.costs import CostModel, activation_bytes
-from skippipe.errors import UserError
+from skippipe.costs import CostModel, activation_bytes, scaled_t_layer
+from skippipe.errors import ClusterError, UserError
+from skippipe.limits import FLOAT_LIMIT
 from skippipe.planfile import Constraints, Costs, Microbatch, Plan
 from skippipe.workload import Workload
 
@@ -109,7 +110,10 @@ class Problem:
 
 
 def build_problem(cluster: Cluster, workload: Workload, cost_model: CostModel | None = None) -> Problem:
-    cm = cost_model or CostModel(t_layer_s=cluster.t_layer_s or CostModel().t_layer_s)
+    if cost_model is None:  # the cluster's (or default) constant is for the reference layer: scale by FLOPs
+        t_reference = CostModel().t_layer_s if cluster.t_layer_s is None else cluster.t_layer_s
+        cost_model = CostModel(t_layer_s=scaled_t_layer(t_reference, workload.d_model, workload.ctx))
+    cm = cost_model
     if cluster.stages is not None:
         sizes = [len(s) for s in cluster.stages]
         if len(sizes) != workload.num_stages:
@@ -123,10 +127,15 @@ def build_problem(cluster: Cluster, workload: Workload, cost_model: CostModel | 
     else:
         sizes = workload.sizes_for(cluster.n)
     layers_per_stage = max(workload.layers_per_stage())
-    nbytes = activation_bytes(workload.d_model, workload.ctx, workload.samples_per_microbatch, cm.bytes_per_value)
+    nbytes = activation_bytes(workload.d_model, workload.ctx, workload.samples_per_microbatch, workload.wire_format)
     transfer = cluster.transfer_matrix(nbytes, cm.hop_overhead_s)
     forward = cluster.forward_vector(cm.t_layer_s, layers_per_stage, workload.samples_per_microbatch)
     memory = cluster.memory_vector(workload.memory)
+    for name, values in (("transfer", transfer), ("forward", forward)):
+        if not np.all(np.abs(values) <= FLOAT_LIMIT):  # NaN fails too
+            raise ClusterError(
+                f"its numbers give {name} times beyond {FLOAT_LIMIT:g} s (a bandwidth or speed too small?)", where=cluster.name
+            )
     if workload.path_length > workload.num_stages:
         raise UserError(f"path length L={workload.path_length} is larger than the number of stages S={workload.num_stages}")
     return Problem(

@@ -18,114 +18,106 @@ preset = "tiny"
 time_scale = 0.02
 ```
 
-Every table and key is optional; unknown keys and wrong types are one-line ``UserError``s.
+Every table and key is optional; unknown keys and wrong types are one-line ``ConfigError``s
+(``skippipe.config_fields.read_dataclass``).
 A plan or cluster file named in the config is found relative to the config's folder; the run
 folder ``[run] dir`` is relative to the current directory. Torch-free.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Literal
 
-from skippipe.config_fields import read_config_file, reject_unknown_keys, value_like
-from skippipe.errors import UserError
-from skippipe.workload import Workload
+from skippipe.config_fields import check_fields, invalid, read_config_file, read_dataclass, to_table
+from skippipe.costs import WireFormat
+from skippipe.workload import TRAINING_SHAPE, PipelineShape, Workload
 
-PLAN_METHODS = ("full", "random", "naive", "skippipe-no-tc2", "skippipe")
+POSITIVE = {"min": 1}
+ABOVE_ZERO = {"gt": 0}
 
 
 @dataclass(frozen=True)
 class RunSection:
+    config_label: ClassVar[str] = "run"
+
     dir: str = "runs/train-tiny"  # metrics, checkpoints, plan, timeline, logs
-    checkpoint_every: int = 0  # iterations between checkpoints (0: only at the end; -1: never)
-    keep_checkpoints: int = 2  # newest checkpoints kept (older ones are deleted)
-    timeline_iteration: int = -1  # the iteration (1-based) whose timeline is drawn (-1: the last one)
-    log_every: int = 1  # iterations between metric records
+    # iterations between checkpoints (0: only at the end; -1: never)
+    checkpoint_every: int = field(default=0, metadata={"min": -1})
+    keep_checkpoints: int = field(default=2, metadata=POSITIVE)  # newest checkpoints kept (older ones are deleted)
+    # the iteration (1-based) whose timeline is drawn (-1: the last one)
+    timeline_iteration: int = field(default=-1, metadata={"min": -1})
+    log_every: int = field(default=1, metadata=POSITIVE)  # iterations between metric records
 
     def __post_init__(self) -> None:
-        _at_least(self, "checkpoint_every", -1)
-        _at_least(self, "keep_checkpoints", 1)
-        _at_least(self, "log_every", 1)
-        if self.timeline_iteration != -1 and self.timeline_iteration < 1:
-            raise UserError(f"run: timeline_iteration must be -1 (the last) or an iteration >= 1, got {self.timeline_iteration}")
+        check_fields(self)
+        if self.timeline_iteration == 0:
+            raise invalid(self, "timeline_iteration", "timeline_iteration must be -1 (the last) or an iteration >= 1, got 0")
 
 
 @dataclass(frozen=True)
 class PlanSection:
+    """How ``skippipe train`` gets its plan. The pipeline shape (``num_stages``, ``path_length``,
+    ``microbatches_per_data_node``, ``memory``, ``max_swaps``, ``max_jump``, ``stage_sizes``) is
+    read from the same table; the model's size comes from ``[model]`` and ``[train]``."""
+
+    config_label: ClassVar[str] = "plan"
+
     file: str | None = None  # a plan file to use as is (then cluster/method/workload are ignored)
     cluster: str = "gcp-2025/geo-distributed/12"  # TABLE/SETTING/N, a shipped example, or a file
-    method: str = "skippipe"
-    seed: int = 0
-    time_limit_s: float = 10.0
-    num_stages: int = 4
-    path_length: int = 3  # stages each microbatch visits, stage 0 included (skip 1 - L/S)
-    microbatches_per_data_node: int = 4
-    memory: int = 2  # activation slots per node (M)
-    max_swaps: int = 1
-    max_jump: int = 4  # a visit goes at most this many stages past the highest one reached
-    stage_sizes: tuple[int, ...] | None = None
+    method: str = "skippipe"  # a name of skippipe.planner.methods.METHODS
+    seed: int = field(default=0, metadata={"min": 0})
+    time_limit_s: float | None = field(default=None, metadata=ABOVE_ZERO)  # None: the deterministic budget
+    shape: PipelineShape = field(default=TRAINING_SHAPE, metadata={"inline": True})
 
     def __post_init__(self) -> None:
-        if self.file is None and self.method not in PLAN_METHODS:
-            raise UserError(f"plan: method must be one of {', '.join(PLAN_METHODS)}, got {self.method!r}")
-        if not self.time_limit_s > 0:
-            raise UserError("plan: time_limit_s must be > 0")
+        check_fields(self)
+        if self.file is None:
+            from skippipe.planner.methods import method_names  # torch-free; the planner is below runtime
 
-    def workload(self, n_layers: int, d_model: int, ctx: int, samples: int) -> Workload:
-        """The planning workload: this table's pipeline shape with the model's dimensions."""
-        return Workload(
-            num_stages=self.num_stages,
-            path_length=self.path_length,
-            microbatches_per_data_node=self.microbatches_per_data_node,
-            samples_per_microbatch=samples,
-            memory=self.memory,
-            d_model=d_model,
-            ctx=ctx,
-            n_layers=n_layers,
-            max_swaps=self.max_swaps,
-            max_jump=self.max_jump,
-            stage_sizes=self.stage_sizes,
+            if self.method not in method_names():
+                raise invalid(self, "method", f"method must be one of {', '.join(method_names())}, got {self.method!r}")
+
+    def workload(self, n_layers: int, d_model: int, ctx: int, samples: int, wire_format: WireFormat = "fp32") -> Workload:
+        """The planning workload: this table's pipeline shape with the model's dimensions and the
+        runtime's wire format (bytes per value of every hop)."""
+        return self.shape.with_model(
+            n_layers=n_layers, d_model=d_model, ctx=ctx, samples_per_microbatch=samples, wire_format=wire_format
         )
 
 
 @dataclass(frozen=True)
 class RuntimeSection:
-    backend: str = "gloo"  # payload transport: "gloo" (CPU tensors) or "nccl" (CUDA tensors)
+    config_label: ClassVar[str] = "runtime"
+
+    backend: Literal["gloo", "nccl"] = "gloo"  # payload transport: "gloo" (CPU tensors) or "nccl" (CUDA tensors)
     device: str = "cpu"  # "cpu", "cuda" (cuda:LOCAL_RANK) or "cuda:N"
     emulate: bool = True  # WAN emulation: delay messages by the plan's transfer times
-    time_scale: float = 0.02  # real seconds per plan second under emulation
+    time_scale: float = field(default=0.02, metadata=ABOVE_ZERO)  # real seconds per plan second under emulation
     pad_compute: bool = True  # under emulation, stretch operations to their modelled time
-    policy: str = "fifo"  # "fifo" (the simulator's rule) or "backward-first"; a plan's processing_order wins
+    # "fifo" (the simulator's rule) or "backward-first"; a plan's processing_order wins
+    policy: Literal["fifo", "backward-first"] = "fifo"
     deterministic: bool = True  # add gradients in microbatch order: bit-for-bit reproducible runs
-    timeout_s: float = 120.0  # longest wait for any message or collective before giving up
-    rendezvous_timeout_s: float = 60.0  # longest wait for all workers to join
-    threads_per_worker: int = 1  # torch intra-op threads per worker
+    timeout_s: float = field(default=120.0, metadata=ABOVE_ZERO)  # longest wait for any message or collective
+    rendezvous_timeout_s: float = field(default=60.0, metadata=ABOVE_ZERO)  # longest wait for all workers to join
+    wire: WireFormat = "bf16"  # activations/gradients on the wire: "fp32", "bf16" (1/2 the bytes), "int8" (~1/4, row scales)
+    wire_error_feedback: bool = False  # int8: carry each link's rounding error into its next message
+    threads_per_worker: int = field(default=1, metadata=POSITIVE)  # torch intra-op threads per worker
     master_addr: str = "127.0.0.1"  # local launch only; torchrun sets its own
-    master_port: int = 0  # 0: pick a free port
-    start_method: str = "forkserver"  # local launch: "forkserver" (fast start) or "exec" (as torchrun)
+    master_port: int = field(default=0, metadata={"min": 0, "max": 65535})  # 0: pick a free port
+    # local launch: "forkserver" (fast start) or "exec" (as torchrun)
+    start_method: Literal["forkserver", "exec"] = "forkserver"
+    on_failure: Literal["stop", "continue"] = "stop"  # a worker dies or goes silent: stop, or go on with the survivors
+    max_failures: int = field(default=1, metadata={"min": 0})  # with on_failure = "continue": failures survived
 
     def __post_init__(self) -> None:
-        if self.backend not in ("gloo", "nccl"):
-            raise UserError(f"runtime: backend must be 'gloo' or 'nccl', got {self.backend!r}")
+        check_fields(self)
         if not (self.device == "cpu" or self.device.startswith("cuda")):
-            raise UserError(f"runtime: device must be 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
+            raise invalid(self, "device", f"device must be 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
         if self.backend == "nccl" and not self.device.startswith("cuda"):
-            raise UserError("runtime: backend 'nccl' needs device 'cuda'")
-        if self.policy not in ("backward-first", "fifo"):
-            raise UserError(f"runtime: policy must be 'backward-first' or 'fifo', got {self.policy!r}")
-        if not self.time_scale > 0:
-            raise UserError(f"runtime: time_scale must be > 0, got {self.time_scale}")
-        for name in ("timeout_s", "rendezvous_timeout_s"):
-            if not getattr(self, name) > 0:
-                raise UserError(f"runtime: {name} must be > 0")
-        _at_least(self, "threads_per_worker", 1)
-        if self.start_method not in ("forkserver", "exec"):
-            raise UserError(f"runtime: start_method must be 'forkserver' or 'exec', got {self.start_method!r}")
-        if not 0 <= self.master_port < 65536:
-            raise UserError(f"runtime: master_port must be 0..65535, got {self.master_port}")
+            raise invalid(self, "backend", "backend 'nccl' needs device 'cuda'")
 
 
 @dataclass(frozen=True)
@@ -136,22 +128,14 @@ class RunConfig:
     model: dict[str, Any] = field(default_factory=lambda: {"preset": "tiny"})
     runtime: RuntimeSection = field(default_factory=RuntimeSection)
 
-    def train_config(self):  # -> skippipe.train.config.TrainConfig (imported lazily: torch-free here)
+    def train_config(self, where: str = "config"):  # -> TrainConfig (imported lazily: torch-free here)
         from skippipe.train.config import train_config_from_dict
 
-        return train_config_from_dict({"train": dict(self.train), "model": dict(self.model)}, where="config [train]")
+        return train_config_from_dict({"train": dict(self.train), "model": dict(self.model)}, where=where)
 
     def to_dict(self) -> dict[str, Any]:
-        d = {
-            "run": asdict(self.run),
-            "plan": asdict(self.plan),
-            "train": dict(self.train),
-            "model": dict(self.model),
-            "runtime": asdict(self.runtime),
-        }
-        if d["plan"]["stage_sizes"] is not None:
-            d["plan"]["stage_sizes"] = list(d["plan"]["stage_sizes"])
-        return {k: {kk: vv for kk, vv in v.items() if vv is not None} for k, v in d.items()}
+        """The tables as ``run_config_from_dict`` reads them (no ``None`` values: TOML has none)."""
+        return to_table(self)
 
     def with_overrides(self, **sections: dict[str, Any]) -> RunConfig:
         """A copy with some keys of some tables replaced, e.g. ``runtime={"time_scale": 0.1}``."""
@@ -161,48 +145,11 @@ class RunConfig:
         return run_config_from_dict(data)
 
 
-def _at_least(obj: Any, name: str, low: int) -> None:
-    if getattr(obj, name) < low:
-        raise UserError(f"{type(obj).__name__.replace('Section', '').lower()}: {name} must be >= {low}, got {getattr(obj, name)}")
-
-
-def _section(cls: type, data: Any, where: str) -> Any:
-    if not isinstance(data, dict):
-        raise UserError(f"{where} must be a table")
-    reject_unknown_keys(data, (f.name for f in fields(cls)), where)
-    defaults = cls()
-    kwargs: dict[str, Any] = {}
-    for key, value in data.items():
-        if key == "stage_sizes":
-            if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-                raise UserError(f"{where}: stage_sizes must be a list of integers")
-            value = tuple(value)
-        else:
-            value = value_like(getattr(defaults, key), value, key, where)
-        kwargs[key] = value
-    return cls(**kwargs)
-
-
 def run_config_from_dict(data: dict[str, Any], base_dir: Path | None = None, where: str = "config") -> RunConfig:
-    if not isinstance(data, dict):
-        raise UserError(f"{where}: expected tables at the top level")
-    tables = {"run", "plan", "train", "model", "runtime"}
-    unknown = sorted(set(data) - tables)
-    if unknown:
-        raise UserError(f"{where}: unknown table(s) {', '.join(unknown)} (known: {', '.join(sorted(tables))})")
-    for name in ("train", "model"):
-        if name in data and not isinstance(data[name], dict):
-            raise UserError(f"{where}: [{name}] must be a table")
-    cfg = RunConfig(
-        run=_section(RunSection, data.get("run", {}), f"{where} [run]"),
-        plan=_section(PlanSection, data.get("plan", {}), f"{where} [plan]"),
-        train=dict(data.get("train", {})),
-        model=dict(data.get("model", {"preset": "tiny"})),
-        runtime=_section(RuntimeSection, data.get("runtime", {}), f"{where} [runtime]"),
-    )
+    cfg = read_dataclass(RunConfig, data, where)
     if base_dir is not None:
         cfg = _resolve_paths(cfg, base_dir)
-    cfg.train_config()  # validate [train] and [model] now, with their own messages
+    cfg.train_config(where)  # validate [train] and [model] now, with their own messages
     return cfg
 
 
@@ -216,7 +163,12 @@ def _resolve_paths(cfg: RunConfig, base: Path) -> RunConfig:
     cluster = plan.cluster
     if Path(cluster).suffix.lower() in (".json", ".toml"):
         cluster = fix(cluster) or cluster
-    return replace(cfg, plan=replace(plan, file=fix(plan.file), cluster=cluster))
+    train = dict(cfg.train)
+    for key in ("data", "tokenizer"):  # a prepared dataset folder, a tokenizer.json file
+        value = train.get(key)
+        if isinstance(value, str) and (key == "data" or value.endswith(".json")):
+            train[key] = fix(value)
+    return replace(cfg, plan=replace(plan, file=fix(plan.file), cluster=cluster), train=train)
 
 
 DEFAULT_RUN_CONFIG = "train-tiny.toml"  # in skippipe/resources/examples, also examples/train-tiny.toml

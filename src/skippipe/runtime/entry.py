@@ -1,95 +1,200 @@
 """The worker entry point, the same under ``skippipe train`` (local launch) and ``torchrun``.
 
-``run_worker`` reads rank, world size and rendezvous address from the environment, the config
-and the plan from files, joins the job, trains, and returns an exit code:
+``run_worker(WorkerArgs)`` reads rank, world size and rendezvous address from the environment,
+the config and the plan from files, joins the job, trains, and returns an exit code:
 
 - 0: done;
 - 2: bad input (``UserError``: plan vs world size, rendezvous unreachable, corrupt checkpoint);
-- 3: lost contact with a peer, or a timeout (another node died or hangs);
+- 3: a failed run: a peer lost or silent, a message the plan does not allow, training diverged;
+- 128 + N: stopped by signal N (SIGTERM: 143, SIGINT: 130);
 - 1: an unexpected error (traceback in the worker's log).
 
-Errors are one line on stderr: ``node 3: error: ...``.
+The message is one line on stderr (``node 3: error: ...``). Under the local launcher the worker
+also writes its ``WorkerStatus`` (``faults.py``: a ``kind`` and typed fields such as ``peers``)
+to ``$SKIPPIPE_STATUS_FILE``; the launcher decides from that, never from the message.
+
+Signals: SIGTERM and SIGINT stop the worker (``RunInterrupted``). With ``checkpoint_on_stop``
+the workers first agree on the iteration to stop after and write a checkpoint there.
+
+Launcher watch: under the local launcher ``$SKIPPIPE_LIFELINE_FD`` is the read end of a pipe
+whose only write end the launcher holds. It reads EOF when the launcher is gone however it
+ended (even SIGKILL), and the worker then exits at once: a run never outlives its launcher.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
+import threading
 import time
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 
-EXIT_OK, EXIT_CRASH, EXIT_USER, EXIT_PEER = 0, 1, 2, 3
-STATUS_PREFIX = "skippipe-worker-status "  # last stderr line of a worker that failed: JSON status
+from skippipe.errors import BadMessage, MessageTimeout, PeerLost, RunInterrupted, UserError, signal_name
+from skippipe.planfile import Plan
+from skippipe.runtime.faults import (
+    EXIT_OK,
+    EXIT_RUN,
+    RECOVERY_SIGNAL,
+    FaultKind,
+    StopRequest,
+    WorkerStatus,
+    status_of,
+    write_status,
+)
+
+LIFELINE_ENV = "SKIPPIPE_LIFELINE_FD"
 
 
-def run_worker(config_path: str, run_dir: str | None = None, plan_path: str | None = None, resume: bool = False, until: int | None = None) -> int:
-    rank = os.environ.get("RANK", "?")
+@dataclass(frozen=True)
+class WorkerArgs:
+    """What one worker is told: the arguments of ``skippipe worker``."""
+
+    config: str
+    run_dir: str | None = None
+    plan: str | None = None
+    resume: bool = False
+    until: int | None = None
+    checkpoint_on_stop: bool = False
+
+    def argv(self) -> list[str]:
+        """The same as ``skippipe worker`` arguments."""
+        out = [self.config]
+        if self.run_dir is not None:
+            out += ["--run-dir", self.run_dir]
+        if self.plan is not None:
+            out += ["--plan", self.plan]
+        if self.resume:
+            out.append("--resume")
+        if self.until is not None:
+            out += ["--until", str(self.until)]
+        if self.checkpoint_on_stop:
+            out.append("--checkpoint-on-stop")
+        return out
+
+
+def _rank() -> int:
     try:
-        return _run(config_path, run_dir, plan_path, resume, until)
-    except BaseException as exc:  # every failure becomes one line + an exit code
-        from skippipe.errors import UserError
-        from skippipe.runtime.transport import TransportError
+        return int(os.environ.get("RANK", "-1"))
+    except ValueError:
+        return -1
 
-        if isinstance(exc, UserError):
-            code, text = EXIT_USER, str(exc)
-        elif isinstance(exc, TransportError) or _is_peer_failure(exc):
-            code, text = EXIT_PEER, f"lost contact with the other workers: {_first_line(exc)}"
-        elif isinstance(exc, KeyboardInterrupt):
-            code, text = 130, "interrupted"
-        else:
-            traceback.print_exc()
-            code, text = EXIT_CRASH, f"{type(exc).__name__}: {_first_line(exc)}"
-        print(f"node {rank}: error: {text}", file=sys.stderr, flush=True)
-        print(STATUS_PREFIX + json.dumps({"node": rank, "code": code, "message": text}), file=sys.stderr, flush=True)
-        return code
+
+def run_worker(args: WorkerArgs) -> int:
+    """Run one worker; returns its exit code (never raises)."""
+    rank = _rank()
+    _watch_lifeline()
+    stop = StopRequest(checkpoint=args.checkpoint_on_stop)
+    _install_stop_handlers(stop)
+    if os.environ.get("SKIPPIPE_HANDOFF_DIR"):
+        _install_recovery_handler()
+    try:
+        _run(args, stop)
+        exc: BaseException | None = None
+    except BaseException as caught:  # every failure becomes one line, a status and an exit code
+        exc = caught
     finally:
         from skippipe.runtime.process_group import shutdown
 
         shutdown()
+    status = status_of(rank, exc)
+    if status.kind == FaultKind.CRASH:
+        traceback.print_exception(exc)
+    if status.kind == FaultKind.INTERRUPTED:
+        print(f"node {rank}: {status.message}", file=sys.stderr, flush=True)
+    elif status.kind != FaultKind.OK:
+        print(f"node {rank}: error: {status.message}", file=sys.stderr, flush=True)
+    write_status(status)
+    return status.exit_code
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    line = text.splitlines()[-1] if text else type(exc).__name__
-    if line.startswith("[") and "]" in line:  # gloo's "[file:line] message"
-        line = line.split("]", 1)[1].strip()
-    line = line.split(". This is typically caused", 1)[0]  # gloo's advice after the fact
-    return line[:300]
+def _install_stop_handlers(stop: StopRequest) -> None:
+    """SIGTERM and SIGINT: raise ``RunInterrupted`` now, or, while the training loop runs with a
+    checkpoint wanted, note the signal for the end-of-iteration agreement."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        if stop.signum is None:
+            stop.signum = signum
+        if not (stop.checkpoint and stop.deferred):
+            raise RunInterrupted(signum, f"stopped by {signal_name(signum)}")
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, handler)
 
 
-def _is_peer_failure(exc: BaseException) -> bool:
-    text = str(exc).lower()
-    return isinstance(exc, RuntimeError) and any(
-        k in text for k in ("connection closed", "connection reset", "timed out", "broken pipe", "peer", "socket")
-    )
+def _install_recovery_handler() -> None:
+    """Elastic recovery: the launcher's ``RECOVERY_SIGNAL`` (another node failed) raises
+    ``PeerLost`` once, wherever the worker waits; the worker then hands its state over
+    (``handoff.py``: a step it cuts short is never handed over)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    fired = {"done": False}
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        if not fired["done"]:
+            fired["done"] = True
+            raise PeerLost(None, "the launcher stopped this worker for recovery (another node failed)")
+
+    signal.signal(RECOVERY_SIGNAL, handler)
+
+
+def _watch_lifeline() -> None:
+    """Exit at once when the launcher is gone (EOF on the lifeline pipe)."""
+    value = os.environ.get(LIFELINE_ENV)
+    if not value:
+        return
+    try:
+        fd = int(value)
+        os.fstat(fd)
+    except (ValueError, OSError):
+        return
+
+    def watch() -> None:
+        try:
+            while os.read(fd, 64):
+                pass
+        except OSError:
+            pass
+        message = "the launcher is gone; stopping"
+        print(f"node {_rank()}: error: {message}", file=sys.stderr, flush=True)
+        try:
+            write_status(WorkerStatus(_rank(), FaultKind.LAUNCHER_GONE, EXIT_RUN, message))
+        finally:
+            os._exit(EXIT_RUN)
+
+    threading.Thread(target=watch, name="lifeline", daemon=True).start()
 
 
 def _log(text: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] node {os.environ.get('RANK', '?')}: {text}", file=sys.stderr, flush=True)
 
 
-def _run(config_path: str, run_dir_arg: str | None, plan_path: str | None, resume: bool, until: int | None) -> int:
+def _run(args: WorkerArgs, stop: StopRequest) -> int:
     t0 = time.monotonic()
     import torch
 
     from skippipe.data.dataset import token_data_for
-    from skippipe.errors import UserError
     from skippipe.planfile import load_plan
     from skippipe.runtime import checkpoint as ckpt
     from skippipe.runtime import process_group as pg
     from skippipe.runtime.config import load_run_config
     from skippipe.runtime.emulation import Emulation
+    from skippipe.runtime.handoff import hand_off, handoff_dir
     from skippipe.runtime.metrics import MetricsWriter, truncate_metrics
-    from skippipe.runtime.worker import Worker, WorkerSetup, check_plan_fits
+    from skippipe.runtime.worker import Worker, WorkerSetup
 
-    cfg = load_run_config(config_path)
+    cfg = load_run_config(args.config)
     rt = cfg.runtime
     torch.set_num_threads(rt.threads_per_worker)
     env = pg.read_env()
-    run_dir = Path(run_dir_arg or cfg.run.dir)
-    plan_file = Path(plan_path) if plan_path else (Path(cfg.plan.file) if cfg.plan.file else run_dir / "plan.json")
+    run_dir = Path(args.run_dir or cfg.run.dir)
+    plan_file = Path(args.plan) if args.plan else (Path(cfg.plan.file) if cfg.plan.file else run_dir / "plan.json")
     if not plan_file.is_file():
         raise UserError(f"no plan file {plan_file} (make one with `skippipe train CONFIG --plan-only` or give --plan)")
     plan = load_plan(plan_file)
@@ -104,16 +209,17 @@ def _run(config_path: str, run_dir_arg: str | None, plan_path: str | None, resum
         torch.cuda.set_device(device)
 
     t1 = time.monotonic()
-    pg.init(env, rt.timeout_s, rt.rendezvous_timeout_s)
+    hosted_store = pg.init(env, rt.timeout_s, rt.rendezvous_timeout_s)
     t2 = time.monotonic()
     groups = pg.make_groups(plan.stages, env.rank, rt.backend)
-    pg.agree(json.dumps(plan.to_dict(), sort_keys=True), "plan")
-    pg.agree(json.dumps(cfg.to_dict(), sort_keys=True), "config")
-    _log(f"pid {os.getpid()}, set up in {t1 - t0:.1f} s, joined {env.world_size} workers in {t2 - t1:.1f} s, groups in {time.monotonic() - t2:.1f} s")
+    pg.agree(json.dumps(plan.to_dict(), sort_keys=True), "plan", rt.timeout_s)
+    pg.agree(json.dumps(cfg.to_dict(), sort_keys=True), "config", rt.timeout_s)
+    _log(f"pid {os.getpid()}, set up in {t1 - t0:.1f} s, joined {env.world_size} workers in {t2 - t1:.1f} s, "
+         f"groups in {time.monotonic() - t2:.1f} s")
 
     start, losses = 0, []
     found = None
-    if resume:
+    if args.resume:
         found = ckpt.latest(run_dir)
         if found is None:
             raise UserError(f"--resume: {run_dir} holds no checkpoint")
@@ -131,18 +237,41 @@ def _run(config_path: str, run_dir_arg: str | None, plan_path: str | None, resum
         timeout_s=rt.timeout_s, deterministic=rt.deterministic, run_dir=run_dir, tokens=data.train if is_data else None,
         tokenizer=data.tokenizer if node == 0 else None,
         checkpoint_every=cfg.run.checkpoint_every, keep_checkpoints=cfg.run.keep_checkpoints,
-        metrics=metrics, log_every=cfg.run.log_every, timeline_iteration=cfg.run.timeline_iteration,
+        metrics=metrics, log_every=cfg.run.log_every, timeline_iteration=cfg.run.timeline_iteration, stop=stop,
+        wire=rt.wire, wire_error_feedback=rt.wire_error_feedback,
+        elastic=handoff_dir() is not None,
     )
     worker = Worker(setup)
     if found is not None:
         worker.load_checkpoint(found)
         worker.losses_so_far = losses
     try:
-        stats = worker.run(start, train_cfg.steps, until)
+        stop.deferred = True
+        try:
+            stats = worker.run(start, train_cfg.steps, args.until)
+        except (PeerLost, MessageTimeout, BadMessage):
+            folder = handoff_dir()
+            if folder is not None and worker.snapshot is not None:  # elastic: hand this stage's state over
+                steps = hand_off(folder, node, worker.stage_index, worker.stage, worker.optimizer, worker.steps,
+                                 worker.snapshot, worker.losses_so_far)
+                _log(f"handed over stage {worker.stage_index} at step(s) {steps} to {folder}")
+            raise
+        finally:
+            stop.deferred = False
         worker.write_timeline()
         if stats:
             _log(f"done: iterations {stats[0].iteration}..{stats[-1].iteration}, last loss {stats[-1].loss:.4f}")
     finally:
         if metrics is not None:
             metrics.close()
+        del hosted_store  # a store this rank hosted lives until the end
     return EXIT_OK
+
+
+def check_plan_fits(plan: Plan, world_size: int, n_layers: int) -> None:
+    """The plan must have one node per worker and cover exactly the model's layers."""
+    if plan.n_nodes != world_size:
+        raise UserError(f"the plan has {plan.n_nodes} nodes but {world_size} workers were started (one worker per plan node)")
+    covered = sum(len(ls) for ls in plan.layers)
+    if covered != n_layers:
+        raise UserError(f"the plan's stages hold {covered} layers but the model has {n_layers}")

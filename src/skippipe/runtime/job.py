@@ -10,20 +10,23 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
+import sys
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from skippipe.errors import UserError
+from skippipe.errors import NodeLost, ResumeMismatch, RunFailed, StageLost, UserError
 from skippipe.fileio import atomic_write_text
 from skippipe.planfile import Plan, load_plan, save_plan
 from skippipe.runtime import checkpoint as ckpt
+from skippipe.runtime import runfolder
 from skippipe.runtime.config import RunConfig
 from skippipe.runtime.metrics import METRICS_FILE, read_metrics
 
-RUN_OUTPUTS = ("checkpoints", "timeline", "tensorboard", "logs", METRICS_FILE, "timeline.png", "plan.json", "config.json")
+# what a resumed run may change: how long, how often to record, how to run; never what is trained
+RESUMABLE = {"train": ("steps",), "run": None, "runtime": None}
 
 
 @dataclass
@@ -36,6 +39,7 @@ class Prepared:
     steps: int
     predicted_makespan_s: float | None  # simulator, plan seconds
     predicted_ops: list[Any] | None = None
+    vocab_note: str | None = None  # one line when the tokenizer changes the model preset's vocabulary
 
 
 @dataclass
@@ -51,6 +55,8 @@ class Summary:
     checkpoint: Path | None
     timeline_png: Path | None
     records: list[dict[str, Any]] = field(default_factory=list)
+    drift: list[Any] = field(default_factory=list)  # DriftEvents: measured makespan away from the prediction
+    failures: list[Any] = field(default_factory=list)  # elastic.Failure, one per failure survived
 
 
 def build_plan(cfg: RunConfig, model_cfg: Any, seq_len: int) -> Plan:
@@ -58,15 +64,12 @@ def build_plan(cfg: RunConfig, model_cfg: Any, seq_len: int) -> Plan:
     if cfg.plan.file:
         return load_plan(cfg.plan.file)
     from skippipe.cluster import load_cluster
+    from skippipe.planner.methods import make_plan
     from skippipe.planner.problem import build_problem
 
-    try:
-        from skippipe.planner.methods import make_plan
-    except ImportError:
-        raise UserError("planning needs skippipe.planner.methods, which this installation lacks; give [plan] file") from None
     train = cfg.train_config()
     cluster = load_cluster(cfg.plan.cluster)
-    workload = cfg.plan.workload(model_cfg.n_layers, model_cfg.d_model, seq_len, train.samples_per_microbatch)
+    workload = cfg.plan.workload(model_cfg.n_layers, model_cfg.d_model, seq_len, train.samples_per_microbatch, cfg.runtime.wire)
     problem = build_problem(cluster, workload)
     return make_plan(cfg.plan.method, problem, seed=cfg.plan.seed, time_limit_s=cfg.plan.time_limit_s)
 
@@ -79,15 +82,12 @@ def prepare(cfg: RunConfig, run_dir: Path, resume: bool = False, fresh: bool = F
     if resume and fresh:
         raise UserError("--resume and --fresh exclude each other")
     if existing and not resume and not fresh:
-        raise UserError(f"{run_dir} already holds a run ({', '.join(existing)}); continue it with --resume, or start over with --fresh")
+        held = ", ".join(existing)
+        raise UserError(f"{run_dir} already holds a run ({held}); continue it with --resume, or start over with --fresh")
+    runfolder.claim(run_dir)  # refuses a folder that is not ours before anything is written
     if fresh:
-        for name in RUN_OUTPUTS:
-            p = run_dir / name
-            if p.is_dir():
-                shutil.rmtree(p)
-            elif p.exists():
-                p.unlink()
-    run_dir.mkdir(parents=True, exist_ok=True)
+        runfolder.delete_outputs(run_dir)
+    runfolder.clean_partials(run_dir)
     data = token_data_for(train)  # warms the tokenizer/token cache once for all workers
     model_cfg = train.model_config(data.vocab_size)
     seq_len = train.tokens_per_sample(model_cfg)
@@ -102,6 +102,7 @@ def prepare(cfg: RunConfig, run_dir: Path, resume: bool = False, fresh: bool = F
         plan = load_plan(plan_file)
         info = ckpt.verify(latest, plan)
         start = info.step
+        check_resume_config(cfg, run_dir / "config.json")
         if start >= train.steps:
             raise UserError(f"--resume: the checkpoint in {latest} is at step {start}; [train] steps = {train.steps} are done")
     else:
@@ -112,21 +113,41 @@ def prepare(cfg: RunConfig, run_dir: Path, resume: bool = False, fresh: bool = F
     save_plan(plan, run_dir / "plan.json")
     config_file = run_dir / "config.json"
     atomic_write_text(config_file, json.dumps(cfg.to_dict(), indent=1) + "\n")
-    predicted, ops = None, None
+    from skippipe.sim import simulate
+
+    res = simulate(plan, bound=False)
+    predicted, ops = (res.makespan_s if res.finished else None), res.ops
+    return Prepared(cfg, run_dir, plan, config_file, start, train.steps, predicted, ops, train.vocab_note(data.vocab_size))
+
+
+def check_resume_config(cfg: RunConfig, previous: Path) -> None:
+    """``--resume`` must train what the run trained: every key of ``[plan]``, ``[model]`` and
+    ``[train]`` (but ``steps``) as in the run's ``config.json``; else ``ResumeMismatch`` naming it."""
     try:
-        from skippipe.sim import simulate
+        was = json.loads(previous.read_text())
+    except (OSError, ValueError):
+        return  # no earlier config to compare with: the checkpoint's own checks still apply
+    if not isinstance(was, dict):
+        return
+    now = cfg.to_dict()
+    for table in ("plan", "model", "train"):
+        free = RESUMABLE.get(table) or ()
+        old, new = was.get(table) or {}, now.get(table) or {}
+        for key in sorted(set(old) | set(new)):
+            if key not in free and old.get(key) != new.get(key):
+                raise ResumeMismatch(f"[{table}] {key}", new.get(key), old.get(key), str(previous))
 
-        res = simulate(plan, bound=False)
-        predicted, ops = (res.makespan_s if res.finished else None), res.ops
-    except ImportError:
-        pass
-    return Prepared(cfg, run_dir, plan, config_file, start, train.steps, predicted, ops)
 
-
-def train(prep: Prepared, until: int | None = None, progress: bool = True) -> Summary:
-    """Launch one worker per plan node here, show progress, summarise."""
+def train(prep: Prepared, until: int | None = None, progress: bool = True, drift: Any = None, lock_fd: int | None = None,
+          checkpoint_on_stop: bool = False) -> Summary:
+    """Launch one worker per plan node here, show progress, summarise. ``drift``: a
+    ``DriftMonitor`` fed every metrics record (default: one on the plan's predicted makespan
+    that prints each drift it finds). ``lock_fd``: the run folder's lock, shared with the
+    workers; ``checkpoint_on_stop``: SIGINT/SIGTERM write a checkpoint before the run stops."""
     from tqdm import tqdm
 
+    from skippipe.runtime.drift import DriftMonitor
+    from skippipe.runtime.entry import WorkerArgs
     from skippipe.runtime.launch import launch_local
 
     cfg, run_dir = prep.cfg, prep.run_dir
@@ -134,41 +155,106 @@ def train(prep: Prepared, until: int | None = None, progress: bool = True) -> Su
     end = prep.steps if until is None else min(prep.steps, until)
     if end <= prep.start_step:
         raise UserError(f"--until {until} is not after the checkpoint's step {prep.start_step}")
-    args = [str(prep.config_file), "--run-dir", str(run_dir)]
-    if prep.start_step > 0:
-        args.append("--resume")
-    if until is not None:
-        args += ["--until", str(until)]
+    args = WorkerArgs(str(prep.config_file), run_dir=str(run_dir), resume=prep.start_step > 0, until=until,
+                      checkpoint_on_stop=checkpoint_on_stop)
     bar = tqdm(total=end - prep.start_step, desc="train", unit="it", disable=not progress, dynamic_ncols=True)
-    seen = {"n": 0}
+    seen: dict[str, Any] = {}
     path = run_dir / METRICS_FILE
+    if drift is None and prep.predicted_makespan_s:
+        drift = DriftMonitor(prep.predicted_makespan_s, on_drift=lambda e: tqdm.write(f"drift: {e.describe()}", file=sys.stderr))
 
     def poll() -> bool:
         if not path.is_file():
             return False
-        recs = [r for r in read_metrics(run_dir) if int(r.get("iteration", 0)) > prep.start_step]
-        new = recs[seen["n"]:]
-        if not new:
+        recs = read_metrics(run_dir)
+        prev = seen.get("last")
+        if not recs or recs[-1] == prev:
             return False
-        seen["n"] = len(recs)
-        last = new[-1]
+        new = recs[recs.index(prev) + 1:] if prev in recs else [r for r in recs if int(r["iteration"]) > prep.start_step]
+        seen["last"] = last = recs[-1]
         bar.set_postfix(it=last["iteration"], loss=f"{last['loss']:.4f}", iter_s=f"{last['iter_s']:.2f}", refresh=False)
-        bar.update(len(new))
+        bar.update(max(0, int(last["iteration"]) - prep.start_step) - bar.n)  # goes back after a recovery
+        if drift is not None:
+            drift.observe_records(new)
         return True
 
     t0 = time.monotonic()
     stall = rt.timeout_s + rt.rendezvous_timeout_s + 120.0
-    try:
+    failures: list[Any] = []
+
+    def launch(n_nodes: int, worker_args: WorkerArgs, **extra: Any) -> None:
         launch_local(
-            prep.plan.n_nodes, args, run_dir, stall_s=stall, rendezvous_timeout_s=rt.rendezvous_timeout_s,
+            n_nodes, worker_args, run_dir, stall_s=stall, rendezvous_timeout_s=rt.rendezvous_timeout_s,
             on_poll=poll, master_addr=rt.master_addr, master_port=rt.master_port,
-            threads_per_worker=rt.threads_per_worker, start_method=rt.start_method,
+            threads_per_worker=rt.threads_per_worker, start_method=rt.start_method, lock_fd=lock_fd,
+            stop_grace_s=rt.timeout_s + 30.0 if checkpoint_on_stop else 10.0, **extra,
         )
+
+    try:
+        if rt.on_failure == "continue":
+            prep, failures = _train_elastic(prep, args, launch)
+        else:
+            launch(prep.plan.n_nodes, args)
         poll()
     finally:
         bar.close()
     wall = time.monotonic() - t0
-    return summarize(prep, wall, end)
+    summary = summarize(prep, wall, end)
+    summary.drift = list(drift.events) if drift is not None else []
+    summary.failures = failures
+    return summary
+
+
+def _train_elastic(prep: Prepared, args: Any, launch: Callable[..., None]) -> tuple[Prepared, list[Any]]:
+    """Rounds of ``launch`` (``elastic.py``): after each node failure, the survivors' state, a
+    plan for them and a new round, up to ``[runtime] max_failures`` times. Returns ``prep`` for
+    the final plan and the failures."""
+    from skippipe.runtime import elastic as E
+    from skippipe.runtime.handoff import HANDOFF_ENV
+    from skippipe.sim import simulate
+
+    rt, run_dir = prep.cfg.runtime, prep.run_dir
+    plan, failures = prep.plan, []
+    while True:
+        folder = E.fresh_round_dir(run_dir, len(failures))
+        try:
+            launch(plan.n_nodes, args, drain_s=rt.timeout_s + 30.0, extra_env={HANDOFF_ENV: str(folder)})
+            break
+        except NodeLost as lost:
+            if len(failures) >= rt.max_failures:
+                E.write_report(run_dir, failures, finished=False)
+                raise RunFailed(f"{lost} ([runtime] max_failures = {rt.max_failures} reached)", lost.node, lost.kind) from None
+            try:
+                plan, fail = E.recover(run_dir, plan, lost, len(failures), prep.cfg.run.keep_checkpoints,
+                                       _checkpoint_meta(prep.cfg))
+            except StageLost as exc:
+                E.write_report(run_dir, failures, finished=False)
+                raise RunFailed(f"{lost}; {exc}", lost.node, "stage_lost") from None
+            failures.append(fail)
+            E.write_report(run_dir, failures, finished=False)
+            args = replace(args, resume=True, plan=str(run_dir / "plan.json"))
+            fail.restarted_at = time.time()
+    E.measure(run_dir, failures, prep.start_step)
+    E.write_report(run_dir, failures, finished=True)
+    if failures:
+        res = simulate(plan, bound=False)
+        prep = replace(prep, plan=plan, predicted_makespan_s=res.makespan_s if res.finished else None, predicted_ops=res.ops)
+    return prep, failures
+
+
+def _checkpoint_meta(cfg: RunConfig) -> Callable[[Path, Plan, int], None]:
+    """Writes a checkpoint's model metadata (config, tokenizer) from the launcher."""
+
+    def write(folder: Path, plan: Plan, step: int) -> None:
+        from skippipe.data.dataset import token_data_for
+        from skippipe.model.checkpoint import write_checkpoint_meta
+
+        train = cfg.train_config()
+        data = token_data_for(train)
+        write_checkpoint_meta(folder, train.model_config(data.vocab_size), step, plan.layers, train=train.to_dict(), plan=plan,
+                              tokenizer=data.tokenizer)
+
+    return write
 
 
 def summarize(prep: Prepared, wall_s: float, end: int) -> Summary:
@@ -217,4 +303,9 @@ def format_summary(s: Summary, emulated: bool, time_scale: float) -> str:
     ]
     if s.timeline_png:
         lines.append(f"timeline        {s.timeline_png}")
+    if s.failures:
+        from skippipe.runtime.elastic import REPORT, format_failures
+
+        lines += format_failures(s.failures)
+        lines.append(f"failures        {s.run_dir / REPORT}")
     return "\n".join(lines)

@@ -6,6 +6,11 @@
   ``env://`` handler connects.
 - Otherwise rank 0 hosts the store at ``MASTER_ADDR:MASTER_PORT``.
 
+A hosted store listens on ``MASTER_ADDR`` only (``host_store``), never on every interface. A
+client first waits, quietly, until the store's port accepts connections (``wait_reachable``), so
+an unreachable rendezvous is one line after ``rendezvous_timeout_s``, not a stream of library
+retry warnings. Library errors in collectives become typed faults (``communicating``).
+
 Groups: the default group (barriers, loss/norm all-reduce), a gloo group for message headers
 (received from any peer), the payload group (the same gloo group, or NCCL for CUDA tensors) and
 one group per stage for gradient averaging.
@@ -16,12 +21,17 @@ from __future__ import annotations
 import datetime
 import hashlib
 import os
+import socket
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
-from skippipe.errors import UserError
+from skippipe.errors import MessageTimeout, PeerLost, UserError
+from skippipe.runtime.faults import first_line
 
 
 @dataclass
@@ -58,28 +68,102 @@ def read_env() -> Env:
     )
 
 
-def init(env: Env, timeout_s: float, rendezvous_timeout_s: float) -> None:
-    """Join the default (gloo) group; unreachable rendezvous -> one-line UserError."""
+def listen_socket(addr: str, port: int) -> socket.socket:
+    """A listening TCP socket bound to ``addr`` only (not every interface), for a TCPStore."""
+    try:
+        infos = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise UserError(f"cannot host the rendezvous at {addr}:{port}: {exc.strerror}") from None
+    family, kind, proto, _, sockaddr = infos[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(sockaddr)
+        sock.listen(512)
+    except OSError as exc:
+        sock.close()
+        raise UserError(f"cannot host the rendezvous at {addr}:{port}: {exc.strerror}") from None
+    return sock
+
+
+def host_store(addr: str, port: int, world_size: int, timeout_s: float) -> dist.TCPStore:
+    """A TCPStore server listening on ``addr`` only; port 0 picks a free one (``store.port``).
+    The store owns the listening socket (it closes it when it goes)."""
+    sock = listen_socket(addr, port)
+    try:
+        store = dist.TCPStore(
+            addr, sock.getsockname()[1], world_size, is_master=True, timeout=datetime.timedelta(seconds=timeout_s),
+            wait_for_workers=False, master_listen_fd=sock.fileno(),
+        )
+    except (RuntimeError, OSError, ValueError) as exc:
+        sock.close()
+        raise UserError(f"cannot host the rendezvous at {addr}:{port}: {first_line(exc, 200)}") from None
+    sock.detach()  # the store closes the descriptor
+    return store
+
+
+def wait_reachable(addr: str, port: int, timeout_s: float, world_size: int) -> None:
+    """Return once ``addr:port`` accepts a TCP connection; after ``timeout_s`` one-line
+    ``UserError`` (quiet: no library retry warnings, and the timeout is kept)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            with socket.create_connection((addr, port), timeout=max(0.1, min(left, 2.0))):
+                return
+        except OSError:
+            pass
+        if time.monotonic() + 0.2 >= deadline:
+            raise UserError(
+                f"cannot reach the rendezvous at {addr}:{port} within {timeout_s:g} s (are all {world_size} workers started?)"
+            )
+        time.sleep(0.2)
+
+
+def init(env: Env, timeout_s: float, rendezvous_timeout_s: float) -> dist.TCPStore | None:
+    """Join the default (gloo) group; unreachable rendezvous -> one-line UserError. Returns the
+    store this rank hosts (keep a reference while the job runs), else None."""
     where = f"{env.master_addr}:{env.master_port}"
     pg_timeout = datetime.timedelta(seconds=timeout_s)
+    t0 = time.monotonic()
     try:
         if env.torchrun:
             os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
-            dist.init_process_group("gloo", init_method="env://", timeout=datetime.timedelta(seconds=max(timeout_s, rendezvous_timeout_s)))
-            return
-        store = dist.TCPStore(
-            env.master_addr, env.master_port, env.world_size,
-            is_master=(env.rank == 0 and not env.hosted),
-            timeout=datetime.timedelta(seconds=rendezvous_timeout_s),
-            wait_for_workers=False,
-        )
+            wait_reachable(env.master_addr, env.master_port, rendezvous_timeout_s, env.world_size)
+            timeout = datetime.timedelta(seconds=max(timeout_s, rendezvous_timeout_s))
+            dist.init_process_group("gloo", init_method="env://", timeout=timeout)
+            return None
+        if env.rank == 0 and not env.hosted:
+            store = host_store(env.master_addr, env.master_port, env.world_size, rendezvous_timeout_s)
+        else:
+            wait_reachable(env.master_addr, env.master_port, rendezvous_timeout_s, env.world_size)
+            left = max(1.0, rendezvous_timeout_s - (time.monotonic() - t0))
+            store = dist.TCPStore(
+                env.master_addr, env.master_port, env.world_size, is_master=False,
+                timeout=datetime.timedelta(seconds=left), wait_for_workers=False,
+            )
         store.set_timeout(datetime.timedelta(seconds=rendezvous_timeout_s))
         dist.init_process_group("gloo", store=store, rank=env.rank, world_size=env.world_size, timeout=pg_timeout)
+        return store if env.rank == 0 and not env.hosted else None
     except (RuntimeError, ValueError, OSError) as exc:
-        text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        if "timed out" in text.lower() or "timeout" in text.lower() or "connect" in text.lower() or "refused" in text.lower():
-            raise UserError(f"cannot reach the rendezvous at {where} within {rendezvous_timeout_s:g} s (are all {env.world_size} workers started?)") from None
-        raise UserError(f"cannot join the job at {where}: {text[:200]}") from None
+        if time.monotonic() - t0 >= 0.9 * rendezvous_timeout_s:
+            raise UserError(
+                f"not all {env.world_size} workers joined the rendezvous at {where} within {rendezvous_timeout_s:g} s"
+            ) from None
+        raise UserError(f"cannot join the job at {where}: {first_line(exc, 200)}") from None
+
+
+@contextmanager
+def communicating(what: str, timeout_s: float) -> Iterator[None]:
+    """Around collectives (barriers, all-reduces): a library error becomes ``MessageTimeout``
+    (it took the whole timeout: some peer went silent) or ``PeerLost`` (a connection broke)."""
+    t0 = time.monotonic()
+    try:
+        yield
+    except RuntimeError as exc:
+        if time.monotonic() - t0 >= 0.9 * timeout_s:
+            raise MessageTimeout((), timeout_s, f"{what} did not complete") from None
+        raise PeerLost(None, f"{what}: {first_line(exc, 200)}") from None
 
 
 @dataclass
@@ -106,12 +190,13 @@ def make_groups(stages: list[list[int]], rank: int, backend: str) -> Groups:
     return Groups(world=world, header=header, payload=payload, stage=mine, stage_ranks=my_ranks)
 
 
-def agree(text: str, what: str) -> None:
+def agree(text: str, what: str, timeout_s: float) -> None:
     """All ranks hold the same ``text`` (e.g. the plan); otherwise a UserError naming a rank."""
     digest = hashlib.sha256(text.encode()).digest()[:8]
     mine = torch.tensor([int.from_bytes(digest, "big", signed=True)], dtype=torch.int64)
     out = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
-    dist.all_gather(out, mine)
+    with communicating(f"comparing the {what} of all workers", timeout_s):
+        dist.all_gather(out, mine)
     for r, v in enumerate(out):
         if int(v) != int(out[0]):
             raise UserError(f"rank {r} has a different {what} than rank 0; every worker must use the same one")

@@ -177,3 +177,37 @@ class NodeSchedule:
             return None
         times = [r for m in self._injections if (r := self._release(m)) is not None and r > now]
         return min(times) if times else None
+
+
+def awaited(
+    own: list[Microbatch], visiting: list[Microbatch], hop_of: dict[int, Hop], sched: NodeSchedule, inputs: set[tuple[str, int]]
+) -> list[tuple[str, int]]:
+    """The messages a node still expects in an iteration: (what, from which node)."""
+    out: list[tuple[str, int]] = []
+    for mb in own:
+        h = hop_of[mb.id]
+        if h.prev is None:
+            continue
+        if sched.has_done("F", mb.id) and not sched.has_done("L", mb.id) and ("L", mb.id) not in inputs:
+            out.append((f"activations of microbatch {mb.id}", h.prev))
+        elif sched.has_done("L", mb.id) and not sched.has_done("B", mb.id) and ("B", mb.id) not in inputs:
+            if h.next is not None:
+                out.append((f"the gradient of microbatch {mb.id}", h.next))
+    for mb in visiting:
+        h = hop_of[mb.id]
+        if not sched.has_done("F", mb.id) and ("F", mb.id) not in inputs:
+            if h.prev is not None:
+                out.append((f"activations of microbatch {mb.id}", h.prev))
+        elif sched.has_done("F", mb.id) and not sched.has_done("B", mb.id) and ("B", mb.id) not in inputs:
+            if h.next is not None:
+                out.append((f"the gradient of microbatch {mb.id}", h.next))
+    return out
+
+
+def describe_awaited(awaited: list[tuple[str, int]]) -> str:
+    """E.g. 'activations of microbatch 3 from node 5'."""
+    if not awaited:
+        return "nothing (its own work was done)"
+    parts = [f"{what} from node {node}" for what, node in awaited[:3]]
+    more = f" and {len(awaited) - 3} more" if len(awaited) > 3 else ""
+    return ", ".join(parts) + more

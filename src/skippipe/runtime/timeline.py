@@ -25,6 +25,12 @@ class Op:
     end: float
 
 
+def prune_records(records: list[dict[str, Any]], it: int, wanted: int, keep: int = 5) -> None:
+    """In place: keep the detailed records of the last ``keep`` iterations up to ``it`` (and of
+    iteration ``wanted``); per-iteration summaries are always kept."""
+    records[:] = [r for r in records if r["type"] == "iteration" or r["it"] > it - keep or r["it"] == wanted]
+
+
 def load_timeline(run_dir: str | Path) -> tuple[list[dict[str, Any]], float]:
     """All records of all nodes, and the time scale they were taken under."""
     folder = Path(run_dir) / "timeline"

@@ -15,34 +15,51 @@ Per iteration (``Worker.iteration``):
 4. rank 0 records the metrics; every ``checkpoint_every`` iterations the first node of each
    stage writes its stage (``checkpoint.py``).
 
-Errors: a bad input is a ``UserError`` (exit 2); a lost peer or a timeout is a
-``TransportError`` (exit 3); the message names this node.
+Stopping: a stop request (SIGTERM/SIGINT, ``StopRequest``) is agreed on by all workers in the
+end-of-iteration all-reduce, so every worker stops after the same iteration (and, when asked,
+writes a checkpoint there first).
+
+Errors are typed (``skippipe.errors``): ``PeerLost``, ``MessageTimeout`` (naming the nodes this
+one waited for), ``BadMessage`` and ``TrainingDiverged`` (non-finite loss, norm, lr or weights).
 """
 
 from __future__ import annotations
 
 import json
+import math
+import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
-from skippipe.errors import UserError
+from skippipe.data.tokenizer import Tokenizer
+from skippipe.errors import BadMessage, MessageTimeout, RunInterrupted, TrainingDiverged
 from skippipe.fileio import atomic_write_text
+from skippipe.model.config import ModelConfig
 from skippipe.planfile import Plan
 from skippipe.runtime import checkpoint as ckpt
 from skippipe.runtime.accumulate import OrderedGradAccumulator
 from skippipe.runtime.emulation import Emulation
-from skippipe.runtime.process_group import Groups
-from skippipe.runtime.schedule import NodeSchedule, expected_messages, hops, node_work
-from skippipe.runtime.transport import BACKWARD, FORWARD, Message, Transport, TransportError
+from skippipe.runtime.faults import StopRequest
+from skippipe.runtime.handoff import StepSnapshot, guarded_step
+from skippipe.runtime.metrics import MetricsWriter
+from skippipe.runtime.process_group import Groups, communicating
+from skippipe.runtime.saving import CheckpointWriter, save_run_checkpoint
+from skippipe.runtime.schedule import NodeSchedule, awaited, describe_awaited, expected_messages, hops, node_work
+from skippipe.runtime.timeline import prune_records
+from skippipe.runtime.transport import BACKWARD, FORWARD, Message, MessageBounds, Transport
 from skippipe.train import grads as G
+from skippipe.train.config import TrainConfig
 from skippipe.train.ops import Saved, backward_op, forward_op, loss_op
 from skippipe.train.optim import lr_at, make_optimizer, set_lr
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -54,6 +71,7 @@ class IterationStats:
     iter_s: float  # barrier to optimizer step done (real seconds)
     makespan_s: float  # barrier to the last backward on any data node (real seconds)
     samples: int
+    stop: bool = False  # some worker was asked to stop: all stop after this iteration
 
 
 @dataclass
@@ -63,8 +81,8 @@ class WorkerSetup:
     plan: Plan
     node: int
     groups: Groups
-    train_cfg: Any  # skippipe.train.config.TrainConfig
-    model_cfg: Any  # skippipe.model.config.ModelConfig
+    train_cfg: TrainConfig
+    model_cfg: ModelConfig
     device: torch.device
     emulation: Emulation
     policy: str
@@ -72,13 +90,36 @@ class WorkerSetup:
     deterministic: bool
     run_dir: Path
     tokens: np.ndarray | None  # the training token array (data nodes only)
-    tokenizer: Any = None  # written into checkpoints by rank 0
+    tokenizer: Tokenizer | None = None  # written into checkpoints by rank 0
     checkpoint_every: int = 0
     keep_checkpoints: int = 2
-    metrics: Any = None  # MetricsWriter on rank 0
+    metrics: MetricsWriter | None = None  # rank 0 only
     log_every: int = 1
     timeline_iteration: int = -1  # 1-based iteration whose timeline is kept whatever happens (-1: none)
     timeline: list[dict[str, Any]] = field(default_factory=list)
+    stop: StopRequest = field(default_factory=StopRequest)
+    wire: str = "fp32"  # activations/gradients on the wire (skippipe.runtime.wire)
+    wire_error_feedback: bool = False
+    elastic: bool = False  # keep the pre-step state for recovery (``handoff.py``)
+
+
+@dataclass
+class _Iteration:
+    """The state of one iteration on this node while it serves its operations."""
+
+    it: int  # 0-based
+    sched: NodeSchedule
+    t0: float  # monotonic time of the start barrier
+    t0_wall: float  # wall clock of the start barrier (messages carry wall-clock times)
+    scale: float  # real seconds per plan second
+    inputs: dict[tuple[str, int], torch.Tensor] = field(default_factory=dict)
+    saved: dict[int, Saved] = field(default_factory=dict)
+    targets: dict[int, torch.Tensor] = field(default_factory=dict)
+    losses: dict[int, float] = field(default_factory=dict)
+    last_backward: float = 0.0  # end of the last stage-0 backward, seconds since the barrier
+
+    def plan_now(self) -> float:
+        return (time.monotonic() - self.t0) / self.scale
 
 
 class Worker:
@@ -98,9 +139,15 @@ class Worker:
         self.scale = setup.emulation.time_scale if setup.emulation.enabled else 1.0
         self.seq_len = setup.train_cfg.tokens_per_sample(setup.model_cfg)
         self.own_ids = {mb.id for mb in self.own}
-        self.accumulator = OrderedGradAccumulator(self.stage, [mb.id for mb in self.own + self.visiting]) if setup.deterministic else None
+        ids = [mb.id for mb in self.own + self.visiting]
+        self.accumulator = OrderedGradAccumulator(self.stage, ids) if setup.deterministic else None
         self.mb_rank = {mb.id: r for r, mb in enumerate(sorted(plan.microbatches, key=lambda m: m.id))}
         self.losses_so_far: list[float] = []  # every iteration's loss since step 0 (for checkpoints)
+        self.steps = 0  # optimizer steps applied to this node's state
+        self.snapshot = StepSnapshot() if setup.elastic else None
+        bounds = MessageBounds(
+            shape=(setup.train_cfg.samples_per_microbatch, self.seq_len, setup.model_cfg.d_model), microbatches=frozenset(ids),
+        )
         self.transport = Transport(
             rank=self.node,
             header_group=setup.groups.header,
@@ -108,6 +155,7 @@ class Worker:
             device=setup.device,
             timeout_s=setup.timeout_s,
             delay=lambda dst: setup.emulation.link_delay_s(self.node, dst),
+            bounds=bounds, wire=setup.wire, error_feedback=setup.wire_error_feedback,
         )
 
     # ------------------------------------------------------------------ one iteration
@@ -118,7 +166,7 @@ class Worker:
         assert self.s.tokens is not None
         starts = microbatch_starts(
             self.s.plan, mb_id, iteration, len(self.s.tokens), self.seq_len, cfg.samples_per_microbatch,
-            seed=cfg.seed, sharding=cfg.sharding,
+            seed=cfg.seed, sharding=cfg.sharding, sampling=cfg.resolved_sampling(),
         )
         x, y = windows(self.s.tokens, starts, self.seq_len)
         return torch.from_numpy(x).to(self.s.device), torch.from_numpy(y).to(self.s.device)
@@ -129,70 +177,53 @@ class Worker:
         if self.accumulator is not None:
             self.accumulator.reset()
         self.transport.expect(self.n_messages)
-        dist.barrier(group=self.s.groups.world)
-        t0, t0_wall = time.monotonic(), time.time()
-        inputs: dict[tuple[str, int], torch.Tensor] = {}
-        saved: dict[int, Saved] = {}
-        targets: dict[int, torch.Tensor] = {}
-        losses: dict[int, float] = {}
-        record = self.s.timeline.append
-
-        def plan_now() -> float:
-            return (time.monotonic() - t0) / self.scale
-
-        def take(msg: Message) -> None:
-            if msg.iteration != it:
-                raise TransportError(f"got a message of iteration {msg.iteration} from node {msg.src} during iteration {it}")
-            kind = sched.message_kind(msg.mb, msg.direction == BACKWARD)
-            inputs[(kind, msg.mb)] = msg.tensor
-            sched.arrived(kind, msg.mb, (msg.arrived_at - t0_wall) / self.scale)
-            record({"it": it, "type": "transfer", "src": msg.src, "dst": self.node, "mb": msg.mb,
-                    "dir": "F" if msg.direction == FORWARD else "B",
-                    "start": msg.sent_at - t0_wall, "end": msg.arrived_at - t0_wall})
-
+        with communicating(f"the barrier that starts iteration {it + 1}", self.s.timeout_s):
+            dist.barrier(group=self.s.groups.world)
+        state = _Iteration(it=it, sched=sched, t0=time.monotonic(), t0_wall=time.time(), scale=self.scale)
         try:
-            last_backward = self._serve(it, sched, take, inputs, saved, targets, losses, plan_now, t0_wall)
-        except TransportError as exc:
-            raise TransportError(f"{exc} in iteration {it + 1}; node {self.node} was waiting for {self._missing(sched, inputs)}") from None
+            self._serve(state)
+        except MessageTimeout as exc:
+            missing = self._missing(state)
+            peers = tuple(sorted({node for _, node in missing})) or exc.peers
+            detail = f"{exc.detail} in iteration {it + 1}; node {self.node} was waiting for {describe_awaited(missing)}"
+            raise MessageTimeout(peers, exc.waited_s, detail) from None
         self.transport.flush()
-        return self._step(it, losses, last_backward, t0)
+        return self._step(state)
 
-    def _backward(self, mb: int, fn, last: bool):  # noqa: ANN001, ANN202
+    def _backward(self, mb: int, fn: Callable[[], T], last: bool) -> T:
         """Run a backward; in deterministic mode its gradients are added in microbatch order."""
         if self.accumulator is None:
             return fn()
         return self.accumulator.capture(mb, fn, last)
 
-    def _missing(self, sched: NodeSchedule, inputs: dict[tuple[str, int], torch.Tensor]) -> str:
-        """The messages this node still expects, e.g. 'activations of microbatch 3 from node 5'."""
-        out = []
-        for mb in self.own:
-            h = self.hops[mb.id]
-            if h.prev is None:
-                continue
-            if sched.has_done("F", mb.id) and not sched.has_done("L", mb.id) and ("L", mb.id) not in inputs:
-                out.append(f"activations of microbatch {mb.id} from node {h.prev}")
-            elif sched.has_done("L", mb.id) and not sched.has_done("B", mb.id) and ("B", mb.id) not in inputs:
-                out.append(f"the gradient of microbatch {mb.id} from node {h.next}")
-        for mb in self.visiting:
-            h = self.hops[mb.id]
-            if not sched.has_done("F", mb.id) and ("F", mb.id) not in inputs:
-                out.append(f"activations of microbatch {mb.id} from node {h.prev}")
-            elif sched.has_done("F", mb.id) and not sched.has_done("B", mb.id) and ("B", mb.id) not in inputs:
-                out.append(f"the gradient of microbatch {mb.id} from node {h.next}")
-        if not out:
-            return "nothing (its own work was done)"
-        more = f" and {len(out) - 3} more" if len(out) > 3 else ""
-        return ", ".join(out[:3]) + more
+    def _missing(self, state: _Iteration) -> list[tuple[str, int]]:
+        """The messages this node still expects: (what, from which node)."""
+        return awaited(self.own, self.visiting, self.hops, state.sched, set(state.inputs))
 
-    def _serve(self, it, sched, take, inputs, saved, targets, losses, plan_now, t0_wall) -> float:  # noqa: ANN001
-        """Serve this node's operations of iteration ``it``; returns the last stage-0 backward's end."""
-        record = self.s.timeline.append
-        last_backward = 0.0
+    def _take(self, state: _Iteration, msg: Message) -> None:
+        """File a received message; ``BadMessage`` for one this node does not expect from its sender."""
+        backward = msg.direction == BACKWARD
+        if msg.iteration != state.it:
+            raise BadMessage(msg.src, f"a message of iteration {msg.iteration + 1} during iteration {state.it + 1}")
+        hop = self.hops[msg.mb]
+        expected = hop.next if backward else hop.prev
+        kind = state.sched.message_kind(msg.mb, backward)
+        if msg.src != expected or (kind, msg.mb) in state.inputs or state.sched.has_done(kind, msg.mb):
+            what = "gradient" if backward else "activations"
+            raise BadMessage(msg.src, f"{what} of microbatch {msg.mb}, which this node expects from node {expected}, once")
+        state.inputs[(kind, msg.mb)] = msg.tensor
+        state.sched.arrived(kind, msg.mb, (msg.arrived_at - state.t0_wall) / self.scale)
+        self.s.timeline.append({"it": state.it, "type": "transfer", "src": msg.src, "dst": self.node, "mb": msg.mb,
+                                "dir": "F" if msg.direction == FORWARD else "B",
+                                "start": msg.sent_at - state.t0_wall, "end": msg.arrived_at - state.t0_wall})
+
+    def _serve(self, state: _Iteration) -> None:
+        """Serve this node's operations of one iteration, one at a time."""
+        sched = state.sched
         while not sched.done:
             while (msg := self.transport.get(0.0)) is not None:
-                take(msg)
-            now = plan_now()
+                self._take(state, msg)
+            now = state.plan_now()
             op = sched.next_op(now)
             if op is None:
                 release = sched.next_release(now)
@@ -200,121 +231,122 @@ class Worker:
                 waited_from = time.time()
                 msg = self.transport.get(wait)
                 if msg is not None:
-                    take(msg)
-                record({"it": it, "type": "wait", "node": self.node, "start": waited_from - t0_wall, "end": time.time() - t0_wall})
+                    self._take(state, msg)
+                self.s.timeline.append({"it": state.it, "type": "wait", "node": self.node,
+                                        "start": waited_from - state.t0_wall, "end": time.time() - state.t0_wall})
                 continue
-            kind, mb = op
-            injection = kind == "F" and mb in self.own_ids
-            sched.started(kind, mb)
-            started, started_wall = time.monotonic(), time.time()
-            hop = self.hops[mb]
-            outbox: list[tuple[int, Message]] = []  # sent once the operation has lasted its modelled time
-            local: list[str] = []  # operations this one enables on this node (empty paths)
-            if kind == "F":
-                if injection:
-                    x, targets[mb] = self._batch(mb, it)
-                else:
-                    x = inputs.pop(("F", mb))
-                saved[mb] = forward_op(self.stage, x)
-                out = saved[mb].output.detach()
-                if hop.next is None:  # empty path: the activations stay here for the loss
-                    inputs[("L", mb)] = out
-                    local.append("L")
-                else:
-                    outbox.append((hop.next, Message(it, mb, FORWARD, out)))
-            elif kind == "L":
-                h, y = inputs.pop(("L", mb)), targets.pop(mb)
-                losses[mb], grad = self._backward(mb, lambda: loss_op(self.stage, h, y), last=False)
-                if hop.prev is None:
-                    inputs[("B", mb)] = grad
-                    local.append("B")
-                else:
-                    outbox.append((hop.prev, Message(it, mb, BACKWARD, grad)))
-            else:  # B
-                sv, g_out = saved.pop(mb), inputs.pop(("B", mb))
-                grad_in = self._backward(mb, lambda: backward_op(sv, g_out), last=True)
-                if grad_in is not None:
-                    outbox.append((hop.prev, Message(it, mb, BACKWARD, grad_in)))
-            self.s.emulation.pad_op(self.node, kind, started)
-            for dst, m in outbox:
-                self.transport.send(dst, m)
-            for k in local:
-                sched.arrived(k, mb, plan_now())
-            ended = time.time()
-            sched.finished(kind, mb, plan_now())
-            record({"it": it, "type": "op", "node": self.node, "kind": kind, "mb": mb,
-                    "start": started_wall - t0_wall, "end": ended - t0_wall})
-            if kind == "B" and self.stage_index == 0:
-                last_backward = ended - t0_wall
-            self.s.emulation.pad_gap(injection)
-        return last_backward
+            self._run_op(state, *op)
+
+    def _run_op(self, state: _Iteration, kind: str, mb: int) -> None:
+        """One operation (F, L or B of microbatch ``mb``), padded to its modelled time under
+        emulation; its results are sent on or stay here for the next local operation."""
+        sched, inputs = state.sched, state.inputs
+        injection = kind == "F" and mb in self.own_ids
+        sched.started(kind, mb)
+        started, started_wall = time.monotonic(), time.time()
+        hop = self.hops[mb]
+        outbox: list[tuple[int, Message]] = []  # sent once the operation has lasted its modelled time
+        local: list[str] = []  # operations this one enables on this node (empty paths)
+        if kind == "F":
+            if injection:
+                x, state.targets[mb] = self._batch(mb, state.it)
+            else:
+                x = inputs.pop(("F", mb))
+            state.saved[mb] = forward_op(self.stage, x)
+            out = state.saved[mb].output.detach()
+            if hop.next is None:  # empty path: the activations stay here for the loss
+                inputs[("L", mb)] = out
+                local.append("L")
+            else:
+                outbox.append((hop.next, Message(state.it, mb, FORWARD, out)))
+        elif kind == "L":
+            h, y = inputs.pop(("L", mb)), state.targets.pop(mb)
+            state.losses[mb], grad = self._backward(mb, lambda: loss_op(self.stage, h, y), last=False)
+            if hop.prev is None:
+                inputs[("B", mb)] = grad
+                local.append("B")
+            else:
+                outbox.append((hop.prev, Message(state.it, mb, BACKWARD, grad)))
+        else:  # B
+            sv, g_out = state.saved.pop(mb), inputs.pop(("B", mb))
+            grad_in = self._backward(mb, lambda: backward_op(sv, g_out), last=True)
+            if grad_in is not None and hop.prev is not None:
+                outbox.append((hop.prev, Message(state.it, mb, BACKWARD, grad_in)))
+        self.s.emulation.pad_op(self.node, kind, started)
+        for dst, m in outbox:
+            self.transport.send(dst, m)
+        for k in local:
+            sched.arrived(k, mb, state.plan_now())
+        ended = time.time()
+        sched.finished(kind, mb, state.plan_now())
+        self.s.timeline.append({"it": state.it, "type": "op", "node": self.node, "kind": kind, "mb": mb,
+                                "start": started_wall - state.t0_wall, "end": ended - state.t0_wall})
+        if kind == "B" and self.stage_index == 0:
+            state.last_backward = ended - state.t0_wall
+        self.s.emulation.pad_gap(injection)
 
     # ------------------------------------------------------------------ end of iteration
-    def _step(self, it: int, losses: dict[int, float], last_backward: float, t0: float) -> IterationStats:
+    def _step(self, state: _Iteration) -> IterationStats:
         g = self.s.groups
         plan = self.s.plan
+        it = state.it
         flat = G.flat_grads(self.stage)
-        if g.stage is not None:
-            if self.s.deterministic:  # sum in the stage's node order, as the reference executor does
-                parts = [torch.empty_like(flat) for _ in g.stage_ranks]
-                dist.all_gather(parts, flat, group=g.stage)
-                nodes = plan.stages[self.stage_index]
-                flat = parts[g.stage_ranks.index(nodes[0])].clone()
-                for node in nodes[1:]:
-                    flat += parts[g.stage_ranks.index(node)]
-            else:
-                dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=g.stage)
+        with communicating(f"the gradient sum of stage {self.stage_index} in iteration {it + 1}", self.s.timeout_s):
+            if g.stage is not None:
+                if self.s.deterministic:  # sum in the stage's node order, as the reference executor does
+                    parts = [torch.empty_like(flat) for _ in g.stage_ranks]
+                    dist.all_gather(parts, flat, group=g.stage)
+                    nodes = plan.stages[self.stage_index]
+                    flat = parts[g.stage_ranks.index(nodes[0])].clone()
+                    for node in nodes[1:]:
+                        flat += parts[g.stage_ranks.index(node)]
+                else:
+                    dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=g.stage)
         if self.divisor > 0:
             flat /= self.divisor
         else:
             flat.zero_()
         G.set_flat_grads(self.stage, flat)
         # one float64 vector summed over the world: every microbatch's loss (each from its data
-        # node, zeros elsewhere: exact) and each stage's |g_s|^2 (from its first node only)
+        # node, zeros elsewhere: exact), each stage's |g_s|^2 (from its first node only), and
+        # whether any worker was asked to stop (so that all stop after the same iteration)
         S, M = plan.num_stages, len(plan.microbatches)
-        vec = torch.zeros(M + S, dtype=torch.float64)
-        for mb, value in losses.items():
+        vec = torch.zeros(M + S + 1, dtype=torch.float64)
+        for mb, value in state.losses.items():
             vec[self.mb_rank[mb]] = value
         if g.stage_ranks and plan.stages[self.stage_index][0] == self.node:
             vec[M + self.stage_index] = G.stage_sq_norm(self.stage)
-        dist.all_reduce(vec, op=dist.ReduceOp.SUM, group=g.world)
-        span = torch.tensor([last_backward], dtype=torch.float64)
-        dist.all_reduce(span, op=dist.ReduceOp.MAX, group=g.world)
-        norm, factor = G.clip_coefficient(vec[M:].tolist(), self.s.train_cfg.grad_clip)
-        G.scale_grads(self.stage, factor)
-        lr = lr_at(it, self.s.train_cfg)
-        set_lr(self.optimizer, lr)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        vec[M + S] = 1.0 if self.s.stop.signum is not None else 0.0
+        span = torch.tensor([state.last_backward], dtype=torch.float64)
+        with communicating(f"the loss and norm sum of iteration {it + 1}", self.s.timeout_s):
+            dist.all_reduce(vec, op=dist.ReduceOp.SUM, group=g.world)
+            dist.all_reduce(span, op=dist.ReduceOp.MAX, group=g.world)
         loss = float(np.mean(vec[:M].tolist()))  # the reference executor's mean, in id order
+        norm, factor = G.clip_coefficient(vec[M : M + S].tolist(), self.s.train_cfg.grad_clip)
+        lr = lr_at(it, self.s.train_cfg)
+        # every worker holds the same values: all stop here together, before the step
+        for what, value in (("loss", loss), ("gradient norm", norm), ("learning rate", lr)):
+            if not math.isfinite(value):
+                raise TrainingDiverged(it + 1, what, value)
+        G.scale_grads(self.stage, factor)
+        set_lr(self.optimizer, lr)
+        guarded_step(self.stage, self.optimizer, self.snapshot, it)
+        self.steps = it + 1
+        self.optimizer.zero_grad(set_to_none=True)
         samples = len(plan.microbatches) * self.s.train_cfg.samples_per_microbatch
         return IterationStats(
-            iteration=it + 1, loss=loss, lr=lr, grad_norm=norm, iter_s=time.monotonic() - t0,
-            makespan_s=float(span[0]), samples=samples,
+            iteration=it + 1, loss=loss, lr=lr, grad_norm=norm, iter_s=time.monotonic() - state.t0,
+            makespan_s=float(span[0]), samples=samples, stop=float(vec[M + S]) > 0,
         )
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, step: int, keep: int) -> None:
-        """All ranks call this; see ``checkpoint.py`` for the protocol."""
-        g = self.s.groups
-        if self.node == 0:
-            ckpt.begin(self.s.run_dir, step)
-        dist.barrier(group=g.world)
-        folder = ckpt.partial_dir(self.s.run_dir, step)
-        if g.stage_ranks[0] == self.node:
-            ckpt.save_stage(folder, self.stage_index, self.stage, self.optimizer)
-        dist.barrier(group=g.world)
-        if self.node == 0:
-            from skippipe.model.checkpoint import write_checkpoint_meta
-
-            def meta(folder: Path) -> None:
-                write_checkpoint_meta(
-                    folder, self.s.model_cfg, step, self.s.plan.layers, train=self.s.train_cfg.to_dict(),
-                    plan=self.s.plan, tokenizer=self.s.tokenizer,
-                )
-
-            ckpt.commit(self.s.run_dir, step, self.s.plan, self.losses_so_far, keep, write_meta=meta)
-        dist.barrier(group=g.world)
+        """All ranks call this (``saving.save_run_checkpoint``); non-finite weights are never written."""
+        s = self.s
+        save_run_checkpoint(
+            CheckpointWriter(s.run_dir, s.plan, self.node, s.groups, s.timeout_s, s.model_cfg, s.train_cfg, s.tokenizer),
+            self.stage_index, self.stage, self.optimizer, step, self.losses_so_far, keep,
+        )
 
     def load_checkpoint(self, folder: Path) -> None:
         ckpt.load_stage(folder, self.stage_index, self.stage, self.optimizer)
@@ -322,48 +354,45 @@ class Worker:
 
     # ------------------------------------------------------------------ the loop
     def run(self, start: int, stop: int, until: int | None = None) -> list[IterationStats]:
-        """Iterations ``start..stop-1``; ``until`` stops early (a checkpoint is written there)."""
+        """Iterations ``start..stop-1``; ``until`` stops early (a checkpoint is written there).
+        A stop request ends the loop after the iteration all workers agree on (with a
+        checkpoint there when asked) by raising ``RunInterrupted``."""
         out: list[IterationStats] = []
         end = stop if until is None else min(stop, until)
         every = self.s.checkpoint_every
+        self.steps = start
         for it in range(start, end):
             cpu0 = time.process_time()
             stats = self.iteration(it)
             self.s.timeline.append({"it": it, "type": "iteration", "node": self.node, "cpu_s": time.process_time() - cpu0,
                                     "iter_s": stats.iter_s, "makespan_s": stats.makespan_s})
             out.append(stats)
-            self._prune_timeline(it)
+            prune_records(self.s.timeline, it, self.s.timeline_iteration - 1)
             self.losses_so_far.append(stats.loss)
-            if self.node == 0 and self.s.metrics is not None and (stats.iteration % self.s.log_every == 0 or stats.iteration == end):
+            last = stats.iteration == end
+            if self.s.metrics is not None and (stats.iteration % self.s.log_every == 0 or last or stats.stop):
                 self.s.metrics.write({
                     "iteration": stats.iteration, "loss": stats.loss, "lr": stats.lr, "grad_norm": stats.grad_norm,
                     "iter_s": stats.iter_s, "makespan_s": stats.makespan_s,
                     "makespan_plan_s": stats.makespan_s / self.scale, "samples": stats.samples,
                     "samples_per_s": stats.samples / stats.iter_s, "time": time.time(),
                 })
-            if every >= 0 and ((every and stats.iteration % every == 0) or stats.iteration == end):
+            saved = False
+            if every >= 0 and ((every and stats.iteration % every == 0) or last):
                 self.save_checkpoint(stats.iteration, self.s.keep_checkpoints)
+                saved = True
+            if stats.stop and not last:
+                if self.s.stop.checkpoint and not saved:
+                    self.save_checkpoint(stats.iteration, self.s.keep_checkpoints)
+                    saved = True
+                signum = self.s.stop.signum or signal.SIGTERM
+                where = f"; checkpoint of step {stats.iteration} written" if saved else ""
+                raise RunInterrupted(signum, f"stopped after iteration {stats.iteration}{where}",
+                                     checkpoint_step=stats.iteration if saved else None)
         self.transport.close()
         return out
-
-    def _prune_timeline(self, it: int, keep: int = 5) -> None:
-        """Keep the detailed records of the last ``keep`` iterations (and of the one asked for
-        in ``[run] timeline_iteration``); per-iteration summaries are always kept."""
-        wanted = self.s.timeline_iteration - 1
-        self.s.timeline[:] = [
-            r for r in self.s.timeline if r["type"] == "iteration" or r["it"] > it - keep or r["it"] == wanted
-        ]
 
     def write_timeline(self) -> None:
         path = self.s.run_dir / "timeline" / f"node-{self.node:03d}.json"
         data = {"node": self.node, "stage": self.stage_index, "time_scale": self.scale, "records": self.s.timeline}
         atomic_write_text(path, json.dumps(data) + "\n")
-
-
-def check_plan_fits(plan: Plan, world_size: int, n_layers: int) -> None:
-    """The plan must have one node per worker and cover exactly the model's layers."""
-    if plan.n_nodes != world_size:
-        raise UserError(f"the plan has {plan.n_nodes} nodes but {world_size} workers were started (one worker per plan node)")
-    covered = sum(len(ls) for ls in plan.layers)
-    if covered != n_layers:
-        raise UserError(f"the plan's stages hold {covered} layers but the model has {n_layers}")

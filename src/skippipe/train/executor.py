@@ -48,7 +48,8 @@ def plan_batch_fn(plan: Plan, train_tokens: np.ndarray, cfg: TrainConfig, seq_le
 
     def fn(iteration: int, mb_id: int) -> tuple[torch.Tensor, torch.Tensor]:
         starts = microbatch_starts(
-            plan, mb_id, iteration, len(train_tokens), seq_len, cfg.samples_per_microbatch, cfg.seed, cfg.sharding
+            plan, mb_id, iteration, len(train_tokens), seq_len, cfg.samples_per_microbatch, cfg.seed, cfg.sharding,
+            cfg.resolved_sampling(),
         )
         x, y = windows(train_tokens, starts, seq_len)
         return torch.from_numpy(x), torch.from_numpy(y)
@@ -108,7 +109,7 @@ class ReferenceExecutor:
     def optimizer_step(self) -> float:
         """Phase 3: AdamW on every copy at this iteration's learning rate; returns the rate."""
         lr = lr_at(self.iteration, self.cfg)
-        for node, opt in self.optimizers.items():
+        for opt in self.optimizers.values():
             set_lr(opt, lr)
             opt.step()
         self.iteration += 1

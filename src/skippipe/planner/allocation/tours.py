@@ -17,7 +17,7 @@ def best_tour(
     ``order[i]`` is the group at pipeline position i. With ``group_sizes`` and ``slot_sizes``
     (nodes per group, nodes wanted at each position) only orders that put a group of the right
     size at every position count, so unequal stage sizes stay where the workload wants them.
-    Exact up to 9 stages (enumeration) and up to 13 (Held-Karp); beyond that nearest neighbour
+    Exact up to 8 stages (enumeration) and up to 13 (Held-Karp, 4 times quicker at 9); beyond that nearest neighbour
     followed by 2-opt. Of the two directions of a tour, the one whose first hop is cheaper.
     """
     s = pair_cost.shape[0]
@@ -29,7 +29,7 @@ def best_tour(
         gs, want = np.asarray(group_sizes), np.asarray(slot_sizes)
     if sorted(gs[1:].tolist()) != sorted(want[1:].tolist()) or gs[0] != want[0]:
         raise ValueError(f"best_tour: group sizes {gs.tolist()} cannot fill positions of sizes {want.tolist()}")
-    if s - 1 <= 8:
+    if s - 1 <= 7:
         perms = _tour_permutations(s)
         perms = perms[(gs[perms] == want[None, 1:]).all(axis=1)]
         closed = np.concatenate([np.zeros((len(perms), 1), dtype=int), perms, np.zeros((len(perms), 1), dtype=int)], axis=1)

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from skippipe.errors import UserError
@@ -190,9 +191,15 @@ def plan_no_tc2(problem: Problem, seed: int = 0, time_limit_s: float | None = No
 
 
 def plan_skippipe(
-    problem: Problem, seed: int = 0, time_limit_s: float | None = None, budget: int | None = None
+    problem: Problem, seed: int = 0, time_limit_s: float | None = None, budget: int | None = None,
+    fallbacks: Callable[[list[list[int]]], list[tuple[str, Plan]]] | None = None,
 ) -> Plan:
-    """Collision-aware paths and processing orders (method ``skippipe``)."""
+    """Collision-aware paths and processing orders (method ``skippipe``).
+
+    ``fallbacks(stages)``, given the allocation the search started from, returns simulated
+    plans of other methods (a safety net): one that is quicker is returned instead, relabelled
+    ``skippipe`` with its origin in ``meta.candidate``.
+    """
     deadline = _deadline(time_limit_s)
     limits = SearchLimits(budget=budget if budget is not None else default_budget(problem), deadline=deadline)
     m = problem.workload.microbatches_per_data_node
@@ -249,6 +256,11 @@ def plan_skippipe(
         ref = build_plan(problem, base.stages, base.routes, "skippipe", seed, base.orders, meta)
         if ref.predicted_makespan_s < plan.predicted_makespan_s:
             plan = ref
+    for name, alt in fallbacks(stages) if fallbacks is not None else []:
+        if alt.predicted_makespan_s is not None and alt.predicted_makespan_s < plan.predicted_makespan_s:
+            alt.method = "skippipe"
+            alt.meta = {**alt.meta, "candidate": name}
+            plan = alt
     return plan
 
 

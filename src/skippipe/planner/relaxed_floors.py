@@ -1,0 +1,124 @@
+"""Floors over every allocation that scale to 1,000 nodes (relaxations, no enumeration).
+
+``relaxed_round_trips`` bounds the round trips of ``floors._round_trips`` from below without
+enumerating paths. A round trip of a data node d through L-1 other nodes is a cycle of L
+distinct nodes; every hop is paid forward and backward (``edge = t + t.T``). The cycle's edges
+sum to half the sum, over its nodes, of the two cycle edges at each node, so it is at least
+half the sum of each node's two cheapest edges (``a2``). With ``key[x] = visit[x] + a2[x] / 2``
+the round trip is at least ``own[d] + max(a2[d] / 2 + (sum of the L-1 smallest keys but d), gaps)``
+(with L = 2 the cycle is one edge twice: its cheapest one is used instead).
+
+``capacity_floor`` bounds every plan by the work the nodes outside stage 0 can do. Whatever
+the allocation, D data nodes run their own microbatches and the D*m*(L-1) visits go to the
+other nodes. A node x serving c visits runs 2c operations (forward and backward) with an
+``op_gap`` after each but the last, all after the first forward can arrive (``head``: the
+fastest injection plus hop to x from any node) and before the last backward can reach a data
+node and run there (``tail``). So in time T node x serves at most
+``cap_x(T) = floor((T - head - tail + og) / (visit + 2 og))`` visits. A visit also holds one of
+x's M_x activation slots from its forward to its backward there, at least ``hold`` = the visit,
+the cheapest hop out of x and back and the quickest loss, so x serves at most
+``M_x * floor((T - head - tail) / hold)`` visits. T is feasible only if D
+nodes reach their own floor (``trip_floor``) by T and the other nodes' caps sum to the visits;
+the D data nodes that lose the least capacity are the eligible ones with the smallest caps.
+Feasibility grows with T, so the least feasible T (bisection) bounds every plan.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from skippipe.planner.problem import Problem
+
+
+def _edges(problem: Problem) -> np.ndarray:
+    t = np.asarray(problem.transfer_s, dtype=float)
+    edge = t + t.T
+    np.fill_diagonal(edge, math.inf)
+    return edge
+
+
+def _smallest_excluding(keys: np.ndarray, k: int, exclude: list[np.ndarray]) -> np.ndarray:
+    """Sum of the k smallest ``keys`` leaving out the indices in ``exclude`` (arrays of one shape)."""
+    if k <= 0:
+        return np.zeros(exclude[0].shape)
+    order = np.argsort(keys, kind="stable")
+    rank = np.empty(len(keys), dtype=int)
+    rank[order] = np.arange(len(keys))
+    prefix = np.concatenate([[0.0], np.cumsum(keys[order])])
+    ranks = [rank[e] for e in exclude]
+    distinct = [np.ones(exclude[0].shape, dtype=bool)] + [
+        np.all([exclude[j] != exclude[i] for i in range(j)], axis=0) for j in range(1, len(exclude))]
+    count = np.zeros(exclude[0].shape, dtype=int)
+    for _ in range(len(exclude) + 1):
+        count = sum(((r < k + count) & ok).astype(int) for r, ok in zip(ranks, distinct))
+    total = prefix[np.minimum(k + count, len(keys))]
+    for e, r, ok in zip(exclude, ranks, distinct):
+        total = total - np.where(ok & (r < k + count), keys[e], 0.0)
+    return total
+
+
+def relaxed_round_trips(problem: Problem) -> tuple[np.ndarray, np.ndarray]:
+    """Lower bounds on R0[d] and RA[d, x] of ``floors._round_trips`` (see the module text)."""
+    n = problem.n
+    hops = problem.workload.path_length - 1
+    cm = problem.cost_model
+    f = np.asarray(problem.forward_s, dtype=float)
+    edge = _edges(problem)
+    visit = f * (1.0 + cm.backward_factor)
+    own = f * (1.0 + cm.backward_factor + cm.loss_factor)
+    gaps = cm.inject_gap_s + cm.op_gap_s
+    nodes = np.arange(n)
+    if hops <= 1:
+        ra = own[:, None] + np.maximum(edge + visit[None, :], gaps)  # exact: d -> x -> d
+        np.fill_diagonal(ra, math.inf)
+        return ra.min(axis=1), ra
+    two = np.sort(edge, axis=1)[:, :2].sum(axis=1)
+    key = visit + two / 2.0
+    r0 = own + np.maximum(two / 2.0 + _smallest_excluding(key, hops, [nodes]), gaps)
+    dd, xx = np.meshgrid(nodes, nodes, indexing="ij")
+    rest = _smallest_excluding(key, hops - 1, [dd, xx])
+    ra = own[:, None] + np.maximum(two[:, None] / 2.0 + key[None, :] + rest, gaps)
+    np.fill_diagonal(ra, math.inf)
+    return r0, ra
+
+
+def capacity_floor(problem: Problem, trip_floors: np.ndarray, tol: float = 1e-6) -> float:
+    """The least T at which D data nodes finish their own work and the others can serve every
+    visit (see the module text); a floor over every allocation."""
+    w = problem.workload
+    cm = problem.cost_model
+    D = int(problem.stage_sizes[0])
+    visits = D * w.microbatches_per_data_node * (w.path_length - 1)
+    if visits == 0:
+        return float(np.sort(trip_floors)[D - 1])
+    f = np.asarray(problem.forward_s, dtype=float)
+    t = np.asarray(problem.transfer_s, dtype=float).copy()
+    np.fill_diagonal(t, math.inf)
+    og = cm.op_gap_s
+    head = (f[:, None] + t).min(axis=0)  # the first forward reaching x
+    tail = (t + cm.backward_factor * f[None, :]).min(axis=1)  # the last backward leaving x
+    per = f * (1.0 + cm.backward_factor) + 2 * og
+    hold = f * (1.0 + cm.backward_factor) + (t + t.T).min(axis=1) + cm.loss_factor * f.min()
+    slots = np.asarray(problem.memory, dtype=float)
+
+    def feasible(T: float) -> bool:
+        cap = np.maximum(0.0, np.floor((T - head - tail + og) / per + 1e-9))
+        cap = np.minimum(cap, slots * np.maximum(0.0, np.floor((T - head - tail) / hold + 1e-9)))
+        eligible = np.flatnonzero(trip_floors <= T + 1e-12)
+        if len(eligible) < D:
+            return False
+        lost = np.sort(cap[eligible])[:D].sum()
+        return cap.sum() - lost >= visits
+
+    lo = float(np.sort(trip_floors)[D - 1])
+    if feasible(lo):
+        return lo
+    hi = max(lo, 1.0) * 2.0
+    while not feasible(hi):
+        hi *= 2.0
+    while hi - lo > tol * max(1.0, hi):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (lo, mid) if feasible(mid) else (mid, hi)
+    return lo  # infeasible, so every plan takes longer

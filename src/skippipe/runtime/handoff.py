@@ -1,0 +1,94 @@
+"""A worker's side of elastic recovery: keep the pre-step state, hand it over when a peer is lost.
+
+Consistency rule (``docs/runtime.md``, elastic recovery): the replicas of a stage hold the same weights
+after every step (they apply the same summed gradient), and every worker keeps, beside its
+current state (``steps`` optimizer steps applied), a copy of its state before the last step
+(``StepSnapshot``). All workers meet at the barrier that starts every iteration, so at any
+moment the survivors' step counts differ by at most one: the recovery step R (the smallest
+count among the survivors) is held by every survivor, as its current state or as its snapshot.
+An update is never half-applied: a worker interrupted inside its optimizer step hands over only
+its snapshot.
+
+Memory: one more copy of the stage's weights and AdamW moments (three tensors per parameter),
+only with ``[runtime] on_failure = "continue"``.
+
+``hand_off`` writes, under the folder the launcher names in ``$SKIPPIPE_HANDOFF_DIR``::
+
+    node-NNN/step-S/stage-X.safetensors, stage-X.optim.safetensors   (current state)
+    node-NNN/step-(S-1)/...                                           (the snapshot, if any)
+    node-NNN/handoff.json   {"node", "stage", "steps": [S, S-1], "losses": [...]}  written last
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from skippipe.fileio import atomic_write_text
+from skippipe.runtime import checkpoint as ckpt
+
+HANDOFF_ENV = "SKIPPIPE_HANDOFF_DIR"
+
+
+def handoff_dir() -> Path | None:
+    value = os.environ.get(HANDOFF_ENV)
+    return Path(value) if value else None
+
+
+@dataclass
+class StepSnapshot:
+    """The stage's weights and optimizer state before the last step, and whether a step is under way."""
+
+    step: int | None = None  # the step count the snapshot holds
+    params: list[torch.Tensor] = field(default_factory=list)
+    optim: dict[str, Any] | None = None
+    stepping: bool = False  # inside optimizer.step: the current state is not whole
+
+    def take(self, stage: torch.nn.Module, optimizer: torch.optim.Optimizer, step: int) -> None:
+        self.step = None  # invalid while copying
+        self.params = [p.detach().clone() for p in stage.parameters()]
+        self.optim = copy.deepcopy(optimizer.state_dict())
+        self.step = step
+
+    def restore(self, stage: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        assert self.optim is not None
+        with torch.no_grad():
+            for p, saved in zip(stage.parameters(), self.params):
+                p.copy_(saved)
+        optimizer.load_state_dict(self.optim)
+
+
+def guarded_step(stage: torch.nn.Module, optimizer: torch.optim.Optimizer, snapshot: StepSnapshot | None, step: int) -> None:
+    """``optimizer.step()``; with a snapshot, the state of step ``step`` is copied first and the
+    step is marked as under way while it runs."""
+    if snapshot is not None:
+        snapshot.take(stage, optimizer, step)
+        snapshot.stepping = True
+    optimizer.step()
+    if snapshot is not None:
+        snapshot.stepping = False
+
+
+def hand_off(folder: Path, node: int, stage_index: int, stage: torch.nn.Module, optimizer: torch.optim.Optimizer,
+             steps: int, snapshot: StepSnapshot, losses: list[float]) -> list[int]:
+    """Write this worker's current state (unless a step was cut short) and its snapshot; returns
+    the step counts written."""
+    mine = folder / f"node-{node:03d}"
+    written: list[int] = []
+    if not snapshot.stepping:
+        ckpt.save_stage(mine / f"step-{steps:06d}", stage_index, stage, optimizer)
+        written.append(steps)
+    if snapshot.step is not None and snapshot.step not in written:
+        snapshot.restore(stage, optimizer)
+        ckpt.save_stage(mine / f"step-{snapshot.step:06d}", stage_index, stage, optimizer)
+        written.append(snapshot.step)
+    top = max(written) if written else 0
+    doc = {"node": node, "stage": stage_index, "steps": written, "losses": [float(x) for x in losses[:top]]}
+    atomic_write_text(mine / "handoff.json", json.dumps(doc) + "\n")
+    return written
