@@ -23,8 +23,8 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
-from skippipe.config_fields import read_config_file, reject_unknown_keys, value_like
-from skippipe.errors import UserError
+from skippipe.config_fields import read_config_file, read_value
+from skippipe.errors import ConfigError, UserError
 from skippipe.model.config import ModelConfig, model_config_from_dict
 
 SOURCES = ("shakespeare", "bible", "licenses", "python", "pydoc", "folder")
@@ -36,8 +36,14 @@ DIFFICULTY_SOURCES = ("manual", "seed-loss", "probe")
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
 
 
-class HDEEConfigError(UserError):
+class HDEEConfigError(ConfigError):
     """An ``skippipe hdee`` config that cannot be used."""
+
+
+def _reject_unknown(data: dict[str, Any], known: list[str], where: str) -> None:
+    unknown = [str(k) for k in data if k not in known]
+    if unknown:
+        raise HDEEConfigError(f"{where}: unknown key(s) {', '.join(unknown)} (known: {', '.join(sorted(known))})")
 
 
 @dataclass(frozen=True)
@@ -248,7 +254,7 @@ def _section(cls: type, data: Any, where: str) -> Any:
     """A section dataclass from a TOML table: unknown keys and values unlike their defaults are errors."""
     if not isinstance(data, dict):
         raise HDEEConfigError(f"{where} must be a table")
-    reject_unknown_keys(data, [f.name for f in fields(cls)], where, HDEEConfigError)
+    _reject_unknown(data, [f.name for f in fields(cls)], where)
     defaults = {f.name: f.default for f in fields(cls)}
     kwargs: dict[str, Any] = {}
     for key, value in data.items():
@@ -260,7 +266,7 @@ def _section(cls: type, data: Any, where: str) -> Any:
             kwargs[key] = tuple(value)
         else:
             try:
-                kwargs[key] = value_like(default, value, key, where)
+                kwargs[key] = read_value(type(default), value, key, {}, where, HDEEConfigError)
             except UserError as exc:
                 raise HDEEConfigError(str(exc)) from None
     return cls(**kwargs)
@@ -274,7 +280,7 @@ _SECTIONS: dict[str, type] = {
 
 def hdee_config_from_dict(data: dict[str, Any], base_dir: Path | None = None, where: str = "config") -> HDEEConfig:
     """The config from a parsed TOML/JSON table; folder paths are made relative to ``base_dir``."""
-    reject_unknown_keys(data, [*_SECTIONS, "model", "sizes", "domains"], where, HDEEConfigError)
+    _reject_unknown(data, [*_SECTIONS, "model", "sizes", "domains"], where)
     kwargs: dict[str, Any] = {name: _section(cls, data[name], name) for name, cls in _SECTIONS.items() if name in data}
     for name in ("model", "sizes"):
         if name in data:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from skippipe.data.tokenizer import BPETokenizer, ByteTokenizer, Tokenizer, cached_bpe, load_tokenizer_file
+from skippipe.data.tokenizer import BPETokenizer, ByteTokenizer, Tokenizer, cached_bpe
 from skippipe.errors import UserError
 from skippipe.fileio import atomic_write, atomic_write_text
 from skippipe.hdee.config import HDEEConfig
@@ -73,7 +73,7 @@ def _load_cached(folder: Path, settings: dict) -> RunData | None:
         return None
     if meta.get("settings") != settings:
         return None
-    tok = load_tokenizer_file(folder / "tokenizer.json") if meta["tokenizer"] == "bpe" else ByteTokenizer()
+    tok = BPETokenizer.from_file(folder / "tokenizer.json") if meta["tokenizer"] == "bpe" else ByteTokenizer()
     domains = {}
     for name, info in meta["domains"].items():
         with np.load(folder / f"{name}.npz") as z:
@@ -153,7 +153,7 @@ def load_run_tokenizer(run_dir: str | Path) -> Tokenizer:
     if not (folder / "manifest.json").is_file():
         raise UserError(f"{run_dir}: no data/manifest.json; run `skippipe hdee train` first")
     kind = json.loads((folder / "manifest.json").read_text())["tokenizer"]
-    return load_tokenizer_file(folder / "tokenizer.json") if kind == "bpe" else ByteTokenizer()
+    return BPETokenizer.from_file(folder / "tokenizer.json") if kind == "bpe" else ByteTokenizer()
 
 
 def _savez(path: str, arrays: dict[str, np.ndarray]) -> None:
