@@ -236,7 +236,7 @@ def test_defaults_read_back_unchanged():
         assert read_dataclass(cls, {}, "x") == cls(), cls
     cfg = RunConfig()
     assert run_config_from_dict(cfg.to_dict()) == cfg
-    assert TrainConfig().to_dict() == to_table(TrainConfig()) | {"cache_dir": None}
+    assert TrainConfig().to_dict() == to_table(TrainConfig()) | {"cache_dir": None, "data": None}  # unset paths
     assert train_config_from_dict(TrainConfig().to_dict()) == TrainConfig()
     assert model_config_from_dict(ModelConfig().to_dict()) == ModelConfig()
     assert workload_from_dict(Workload().to_dict()) == Workload()

@@ -75,10 +75,6 @@ class Workload(PipelineShape):
         if self.n_layers < self.num_stages:
             raise invalid(self, "n_layers", f"{self.n_layers} layers cannot fill {self.num_stages} stages")
 
-    @property
-    def skip_ratio(self) -> float:
-        return 1.0 - self.path_length / self.num_stages
-
     def layers_per_stage(self) -> list[int]:
         """Contiguous layer counts per stage, as even as possible (earlier stages get the rest)."""
         base, extra = divmod(self.n_layers, self.num_stages)
