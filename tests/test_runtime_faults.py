@@ -170,3 +170,24 @@ def test_a_hung_worker_is_named_after_the_timeout(tmp_path):
     for pid in pids.values():
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+def test_a_plan_that_cannot_finish_is_refused_before_launch(tmp_path):
+    import numpy as np
+
+    from skippipe.planfile import Constraints, Costs, Microbatch, Plan
+
+    deadlock = Plan(  # mb0: 0 -> 2 -> 3, mb1: 1 -> 3 -> 2; nodes 2 and 3 hold one activation each
+        stages=[[0, 1], [2], [3]], layers=[[0, 1], [2], [3]], memory=[3, 3, 1, 1],
+        constraints=Constraints(path_length=3, max_swaps=1, max_jump=4),
+        costs=Costs(transfer_s=np.ones((4, 4)) - np.eye(4), forward_s=np.ones(4)),
+        microbatches=[Microbatch(0, 0, [2, 3]), Microbatch(1, 1, [3, 2])],
+    )
+    cfg = write_config(tmp_path, deadlock)
+    out = _skippipe("train", str(cfg), "--no-progress")
+    assert out.returncode == 2
+    assert _error_lines(out.stderr) == [
+        "skippipe train: error: the plan cannot finish an iteration: the simulator shows microbatches 0, 1 never finish "
+        "(a memory deadlock or a processing order that waits on itself); give nodes more memory or plan again"
+    ]
+    assert not (tmp_path / "run" / "logs").exists()  # no worker was started

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from skippipe.errors import NodeLost, ResumeMismatch, RunFailed, StageLost, UserError
+from skippipe.errors import NodeLost, PlanCannotFinish, ResumeMismatch, RunFailed, StageLost, UserError
 from skippipe.fileio import atomic_write_text
 from skippipe.planfile import Plan, load_plan, save_plan
 from skippipe.runtime import checkpoint as ckpt
@@ -110,13 +110,19 @@ def prepare(cfg: RunConfig, run_dir: Path, resume: bool = False, fresh: bool = F
     layers = sum(len(ls) for ls in plan.layers)
     if layers != model_cfg.n_layers:
         raise UserError(f"the plan's stages hold {layers} layers but the model has {model_cfg.n_layers}")
-    save_plan(plan, run_dir / "plan.json")
-    config_file = run_dir / "config.json"
-    atomic_write_text(config_file, json.dumps(cfg.to_dict(), indent=1) + "\n")
     from skippipe.sim import simulate
 
     res = simulate(plan, bound=False)
-    predicted, ops = (res.makespan_s if res.finished else None), res.ops
+    if not res.finished:  # launching it would only end in a timeout that blames a healthy node
+        stuck = ", ".join(str(i) for i in res.unfinished[:5])
+        raise PlanCannotFinish(
+            f"the plan cannot finish an iteration: the simulator shows microbatches {stuck} never finish "
+            "(a memory deadlock or a processing order that waits on itself); give nodes more memory or plan again"
+        )
+    save_plan(plan, run_dir / "plan.json")
+    config_file = run_dir / "config.json"
+    atomic_write_text(config_file, json.dumps(cfg.to_dict(), indent=1) + "\n")
+    predicted, ops = res.makespan_s, res.ops
     return Prepared(cfg, run_dir, plan, config_file, start, train.steps, predicted, ops, train.vocab_note(data.vocab_size))
 
 
