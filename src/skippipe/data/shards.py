@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from skippipe.errors import DataError
-from skippipe.fileio import atomic_write_text
+from skippipe.fileio import atomic_write_text, read_json
 
 INDEX = "index.json"
 FORMAT = "skippipe-tokens"
@@ -155,10 +155,7 @@ def read_index(folder: str | Path) -> dict[str, Any]:
     f = p / INDEX
     if not f.is_file():
         raise DataError(f"{p}: not a prepared dataset (no {INDEX}; make one with `skippipe prepare`)")
-    try:
-        index = json.loads(f.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise DataError(f"{f}: not valid JSON") from None
+    index = read_json(f, DataError, "token index")
     if not isinstance(index, dict) or index.get("format") != FORMAT:
         raise DataError(f"{f}: not a skippipe token index")
     if index.get("version") != VERSION:

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from skippipe.errors import UserError
-from skippipe.fileio import atomic_write, atomic_write_text
+from skippipe.fileio import atomic_write, atomic_write_text, read_json
 from skippipe.model.checkpoint import save_safetensors, write_checkpoint_meta
 from skippipe.model.config import ModelConfig
 
@@ -118,10 +118,7 @@ def verify(folder: Path, digest: str | None) -> Saved:
     mf = folder / "manifest.json"
     if not mf.is_file():
         raise JobCheckpointError(f"{where}: manifest.json is missing")
-    try:
-        m = json.loads(mf.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise JobCheckpointError(f"{where}: manifest.json is not valid JSON") from None
+    m = read_json(mf, JobCheckpointError, "manifest")
     if not isinstance(m, dict) or m.get("format") != FORMAT or m.get("version") != VERSION:
         raise JobCheckpointError(f"{where}: not a {FORMAT} version {VERSION} manifest")
     if digest is not None and m.get("digest") != digest:

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from skippipe.errors import UserError
-from skippipe.fileio import atomic_write, atomic_write_text, name_inside
+from skippipe.fileio import atomic_write, atomic_write_text, name_inside, read_json
 from skippipe.model.config import ModelConfig, model_config_from_dict
 from skippipe.planfile import Plan
 
@@ -130,14 +130,7 @@ def load_checkpoint(directory: str | Path) -> Checkpoint:
     cfg_path = d / "config.json"
     if not d.is_dir() or not cfg_path.is_file():
         raise UserError(f"{d}: not a checkpoint directory (no config.json)")
-    try:
-        meta = json.loads(cfg_path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise UserError(f"{cfg_path}: not valid JSON ({exc})") from None
-    except UnicodeDecodeError:
-        raise UserError(f"{cfg_path}: not a text file (not UTF-8)") from None
-    except (ValueError, RecursionError):  # an integer of more than 4300 digits, or nesting too deep
-        raise UserError(f"{cfg_path}: not valid JSON (a number too long or nested too deeply)") from None
+    meta = read_json(cfg_path, UserError, "checkpoint config")
     if not isinstance(meta, dict) or meta.get("format") != CHECKPOINT_FORMAT:
         raise UserError(f"{d}: config.json is not a skippipe checkpoint (for a Hugging Face directory use --hf)")
     version, step = meta.get("version", 0), meta.get("step", 0)

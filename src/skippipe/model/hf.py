@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from skippipe.errors import UserError
-from skippipe.fileio import atomic_dir, atomic_write_text
+from skippipe.fileio import atomic_dir, atomic_write_text, read_json
 from skippipe.model.checkpoint import _load_tensors, model_with_weights, save_safetensors
 from skippipe.model.config import ModelConfig
 
@@ -123,10 +123,9 @@ def import_hf(directory: str | Path) -> tuple[ModelConfig, dict[str, torch.Tenso
     cfg_path = d / "config.json"
     if not cfg_path.is_file():
         raise UserError(f"{d}: no config.json, not a Hugging Face model directory")
-    try:
-        data = json.loads(cfg_path.read_text())
-    except json.JSONDecodeError as exc:
-        raise UserError(f"{cfg_path}: not valid JSON ({exc})") from None
+    data = read_json(cfg_path, UserError, "config.json")
+    if not isinstance(data, dict):
+        raise UserError(f"{cfg_path}: expected a JSON object")
     cfg = config_from_hf(data, str(cfg_path))
     files = sorted(d.glob("*.safetensors"))
     if not files:

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from skippipe.errors import PlanError
-from skippipe.fileio import atomic_write_text
+from skippipe.fileio import atomic_write_text, read_json
 from skippipe.planfile.format import Plan
 from skippipe.planfile.validate import check_plan
 
@@ -14,14 +14,7 @@ from skippipe.planfile.validate import check_plan
 def load_plan(path: str | Path, validate: bool = True) -> Plan:
     """Read and (by default) validate a plan file. Raises PlanError with a one-line message."""
     p = Path(path)
-    if not p.is_file():
-        raise PlanError(f"{p}: no such plan file")
-    try:
-        data = json.loads(p.read_text())
-    except json.JSONDecodeError as exc:
-        raise PlanError(f"{p}: not valid JSON ({exc})") from None
-    except UnicodeDecodeError:
-        raise PlanError(f"{p}: not a text file") from None
+    data = read_json(p, PlanError, "plan file")
     plan = Plan.from_dict(data, where=str(p))
     if validate:
         check_plan(plan, where=str(p))

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from skippipe.errors import UserError
-from skippipe.fileio import atomic_write, atomic_write_text, name_inside
+from skippipe.fileio import atomic_write, atomic_write_text, name_inside, read_json
 from skippipe.planfile import Plan
 
 FORMAT = "skippipe-checkpoint"
@@ -176,10 +176,7 @@ def verify(path: str | Path, plan: Plan | None = None) -> CheckpointInfo:
         raise CheckpointError(f"{where}: no such folder")
     if not mf.is_file():
         raise CheckpointError(f"{where}: manifest.json is missing (an incomplete checkpoint)")
-    try:
-        m = json.loads(mf.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise CheckpointError(f"{where}: manifest.json is corrupt (not valid JSON)") from None
+    m = read_json(mf, CheckpointError, "manifest")
     if not isinstance(m, dict) or m.get("format") != FORMAT:
         raise CheckpointError(f"{where}: manifest.json is not a skippipe checkpoint manifest")
     if m.get("version") != VERSION:
