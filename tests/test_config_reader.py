@@ -270,8 +270,7 @@ def test_training_pipeline_defaults_have_one_source():
 
 
 def test_plan_help_shows_the_workload_defaults(capsys):
-    with pytest.raises(SystemExit):
-        main(["plan", "--help"])
+    assert main(["plan", "--help"]) == 0
     text = " ".join(capsys.readouterr().out.split())
     d = Workload()
     for default in (d.num_stages, d.path_length, d.microbatches_per_data_node, d.memory, d.n_layers, d.d_model):

@@ -107,7 +107,7 @@ def test_spec_travels_to_workers_as_flags(sizes, links, emulate, scale):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--nodes", "1"], "at least 2"),
+    (["--nodes", "1"], "must be from 2"),
     (["--sizes", "a,b"], "comma-separated"),
     (["--sizes", "10,10"], "two different"),
     (["--emulate", "gcp20-shipped"], "transfer_s only"),

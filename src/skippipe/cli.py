@@ -13,6 +13,7 @@ import importlib
 import importlib.util
 import os
 import sys
+from typing import NoReturn
 
 from skippipe.errors import SkipPipeError
 
@@ -34,8 +35,15 @@ def _available() -> list[tuple[str, str]]:
     return [(name, text) for name, text in COMMANDS if importlib.util.find_spec(f"skippipe.commands.{name}")]
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse with its usage errors on one line (``skippipe CMD: error: ...``), exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {' '.join(message.split())} (see {self.prog} --help)\n")
+
+
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="skippipe", description="SkipPipe: plan, simulate and train partial pipelines over slow, uneven networks."
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -50,7 +58,10 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(argv)
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help (0) or a usage error, already printed in one line (2)
+        return exc.code if isinstance(exc.code, int) else 2
     if not args.command:
         parser.print_help()
         return 2

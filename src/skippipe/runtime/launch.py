@@ -81,6 +81,16 @@ class _Forked:
         return self._p.exitcode
 
 
+def redirect_output(log: str | Path) -> None:
+    """Send this process's stdout and stderr (file descriptors 1 and 2) to ``log``."""
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
 def _forked_worker(env: dict[str, str], log: str, args: WorkerArgs, lifeline: Connection, lock: Connection | None) -> None:
     """Body of a forkserver child: the environment torchrun would give, output to the log, the
     launcher's lifeline and run-folder lock kept open, then the worker entry point."""
@@ -89,12 +99,7 @@ def _forked_worker(env: dict[str, str], log: str, args: WorkerArgs, lifeline: Co
     _KEEP.append(lifeline)
     if lock is not None:
         _KEEP.append(lock)
-    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)
+    redirect_output(log)
     os.environ.clear()
     os.environ.update(env)
     os.environ[LIFELINE_ENV] = str(lifeline.fileno())

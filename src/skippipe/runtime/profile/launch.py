@@ -10,7 +10,6 @@ temporary folder, removed afterwards.
 
 from __future__ import annotations
 
-import datetime
 import multiprocessing
 import os
 import sys
@@ -19,6 +18,8 @@ import time
 from pathlib import Path
 
 from skippipe.errors import UserError
+from skippipe.runtime.launch import redirect_output
+from skippipe.runtime.process_group import host_store
 from skippipe.runtime.profile.spec import ProfileSpec
 from skippipe.runtime.profile.worker import PROGRESS_ENV, PROGRESS_KEY, run_profile_worker, total_rounds
 
@@ -32,12 +33,7 @@ class ProfileFailed(UserError):
 def _child(env: dict[str, str], log: str, spec: ProfileSpec) -> None:
     """A forked worker: torchrun's environment, output to its log, then what ``skippipe profile
     --worker`` runs; a failure is its last line."""
-    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)
+    redirect_output(log)
     os.environ.update(env)
     try:
         code = run_profile_worker(spec)
@@ -66,16 +62,11 @@ def _failure(rank: int, procs: list[multiprocessing.process.BaseProcess], logs: 
 
 def launch_profile(spec: ProfileSpec, nodes: int, deadline_s: float, show_progress: bool = True) -> None:
     """Run the profile with ``nodes`` local workers; rank 0 writes ``spec.out``."""
-    import torch.distributed as dist
     from tqdm import tqdm
 
     if nodes < 2:
         raise UserError(f"profile: --nodes must be at least 2, got {nodes}")
-    try:
-        store = dist.TCPStore("127.0.0.1", 0, nodes + 1, is_master=True,
-                              timeout=datetime.timedelta(seconds=spec.rendezvous_timeout_s), wait_for_workers=False)
-    except (RuntimeError, OSError) as exc:
-        raise UserError(f"cannot host the rendezvous: {str(exc).splitlines()[0]}") from None
+    store = host_store("127.0.0.1", 0, nodes + 1, spec.rendezvous_timeout_s)  # listens on 127.0.0.1 only
     store.set(PROGRESS_KEY, "0")
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(["torch", "torch.distributed", "skippipe.runtime.profile.worker"])
