@@ -56,31 +56,30 @@ def _tour_permutations(s: int) -> np.ndarray:
 
 
 def _held_karp(cost: np.ndarray, gs: np.ndarray, want: np.ndarray) -> tuple[list[int], float]:
+    """Held-Karp, one popcount layer at a time and vectorised over its masks: ``dp[mask, j]``
+    (group j placed last, at position popcount(mask)) pulls from ``mask`` without j."""
     s = cost.shape[0]
     m = s - 1  # groups 1..s-1 are bits 0..m-1; a mask with p bits fills positions 1..p
     full = 1 << m
-    fits = [[bool(gs[j + 1] == want[p]) for j in range(m)] for p in range(s)]
+    fits = np.asarray([[bool(gs[j + 1] == want[p]) for j in range(m)] for p in range(s)])
     dp = np.full((full, m), np.inf)
     parent = np.full((full, m), -1, dtype=int)
     for j in range(m):
         if fits[1][j]:
             dp[1 << j, j] = cost[0, j + 1]
     sub = cost[1:, 1:]
-    for mask in range(1, full):
-        row = dp[mask]
-        if not np.isfinite(row).any():
-            continue
-        pos = bin(mask).count("1") + 1  # the position the next group takes
-        cand = row[:, None] + sub  # from i (in mask) to j
-        best_from = np.argmin(cand, axis=0)
-        best_val = cand[best_from, np.arange(m)]
+    masks = np.arange(full)
+    popcount = np.array([bin(x).count("1") for x in range(full)])
+    for pos in range(2, m + 1):
+        layer = masks[popcount == pos]
         for j in range(m):
-            if mask & (1 << j) or not fits[pos][j]:
+            if not fits[pos][j]:
                 continue
-            nxt = mask | (1 << j)
-            if best_val[j] < dp[nxt, j]:
-                dp[nxt, j] = best_val[j]
-                parent[nxt, j] = best_from[j]
+            sel = layer[(layer >> j) & 1 == 1]
+            cand = dp[sel ^ (1 << j)] + sub[:, j][None, :]
+            arg = cand.argmin(axis=1)
+            dp[sel, j] = cand[np.arange(len(sel)), arg]
+            parent[sel, j] = np.where(np.isfinite(dp[sel, j]), arg, -1)
     last = dp[full - 1] + cost[1:, 0]
     j = int(np.argmin(last))
     total = float(last[j])

@@ -120,9 +120,9 @@ def cheapest_chain(
     back: list[np.ndarray] = []
     for nodes in layers:
         cost = rc.node[nodes] if penalty is None else rc.node[nodes] + penalty[nodes]
-        m = prev_val[:, None] + rc.edge[np.ix_(prev_nodes, nodes)]
-        arg = np.argmin(m, axis=0)
-        prev_val = m[arg, np.arange(len(nodes))] + cost
+        m = prev_val[:, None] + rc.edge[prev_nodes[:, None], nodes]
+        arg = m.argmin(axis=0)
+        prev_val = m.min(axis=0) + cost
         back.append(arg)
         prev_nodes = nodes
     total = prev_val + rc.edge[prev_nodes, data_node]
