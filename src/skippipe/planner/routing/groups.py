@@ -29,7 +29,7 @@ from skippipe.planfile import path_rule_violation
 from skippipe.planner.floors import trip_floor
 from skippipe.planner.problem import Problem
 from skippipe.planner.routing.assign import Capacity, route_one
-from skippipe.planner.routing.sequences import RouteCosts, cheapest_chain, node_classes
+from skippipe.planner.routing.sequences import RouteCosts, cheapest_chain, cheapest_over_sequences, node_classes
 
 
 @dataclass
@@ -81,12 +81,7 @@ def _chains_in_pool(
 
 def _best_chain(gc: GroupCosts, d: int, arrays: list[np.ndarray], seqs: tuple[tuple[int, ...], ...], usable: np.ndarray
 ) -> tuple[float, list[int]]:
-    penalty = np.where(usable, 0.0, np.inf)
-    best: tuple[float, list[int]] = (math.inf, [])
-    for seq in seqs:
-        cost, chain = cheapest_chain(gc.rc, d, [arrays[s] for s in seq], penalty)
-        if chain and cost < best[0]:
-            best = (cost, chain)
+    best = cheapest_over_sequences(gc.rc, d, arrays, seqs, np.where(usable, 0.0, np.inf))
     if not best[1]:
         return best
     return gc.estimate(d, best[0], best[1]), best[1]

@@ -12,7 +12,10 @@ adds candidates built for the timeline:
 1. private chains (``route_groups``): every data node gets L-1 nodes of its own, so microbatches
    of different data nodes never queue on the same node (when the caps allow it);
    Data nodes left without a chain share the capacity that is left;
-2. joint allocation (only when the cluster fixes no allocation): groups of one data node and
+2. balanced routing (``routing.balanced``, up to 200 nodes): each microbatch pays for the work
+   already queued on the nodes it visits, so slow nodes carry fewer visits and fast ones more
+   (the TC1 caps stay caps); it takes a share of the search only when it is the best start;
+3. joint allocation (only when the cluster fixes no allocation): groups of one data node and
    L-1 near nodes, with stage labels handed out so that each group's chain is a valid path.
 
 Every candidate is scored by the simulator (``route_eval``, component by component) and
@@ -38,6 +41,7 @@ from skippipe.errors import UserError
 from skippipe.planfile import Microbatch, Plan
 from skippipe.planner.problem import Problem
 from skippipe.planner.routing.assign import assign_static, round_of
+from skippipe.planner.routing.balanced import balanced_candidate
 from skippipe.planner.routing.evaluate import Evaluator, Incremental, Route, Score
 from skippipe.planner.routing.groups import group_allocation, private_chains
 from skippipe.planner.routing.search import RouteSearch, SearchLimits
@@ -213,6 +217,9 @@ def plan_skippipe(
     routes = chain_candidate(problem, stages, caps, seqs, deadline)
     if routes is not None:
         cands.append(Candidate("private-chains", stages, routes, ev.score(routes)))
+    balanced = balanced_candidate(problem, stages, caps, seqs, ev)
+    if balanced is not None:
+        cands.append(Candidate("balanced", stages, *balanced))
     evaluators = {id(stages): ev}
     if problem.fixed_stages is None:
         grouped = group_allocation(problem, seed, deadline)
@@ -229,6 +236,8 @@ def plan_skippipe(
     cands.sort(key=lambda c: c.score.key())
     lead = cands[0].score.makespan
     promising = [c for c in cands if c.score.makespan <= 1.10 * lead] if math.isfinite(lead) else cands[:1]
+    # the balanced routing takes a share of the search only when it is the best start
+    promising = [c for c in promising if c.name != "balanced" or c is cands[0]]
     searches = {}
     phase1 = _portion(limits, deadline, 0.4)
     for k, cand in enumerate(promising):

@@ -146,10 +146,57 @@ def cheapest_path(
     penalty: np.ndarray | None = None,
 ) -> tuple[float, list[int]]:
     """Cheapest valid path of ``data_node`` over all stage sequences (``inf, []`` if none)."""
-    arrays = [np.asarray(s, dtype=int) for s in stages]
-    best: tuple[float, list[int]] = (float("inf"), [])
-    for seq in sequences:
-        cost, chain = cheapest_chain(rc, data_node, [arrays[s] for s in seq], penalty)
-        if cost < best[0]:
-            best = (cost, chain)
-    return best
+    return cheapest_over_sequences(rc, data_node, [np.asarray(s, dtype=int) for s in stages], sequences, penalty)
+
+
+# above this many (sequence x node x node) entries per layer the sequences are searched one by one
+BATCH_LIMIT = 2_000_000
+
+
+def cheapest_over_sequences(
+    rc: RouteCosts,
+    data_node: int,
+    stages: list[np.ndarray],
+    sequences: tuple[tuple[int, ...], ...],
+    penalty: np.ndarray | None = None,
+) -> tuple[float, list[int]]:
+    """``cheapest_chain`` for every sequence at once (the same sums, so the same result as
+    looping over ``sequences`` and keeping the first cheapest); ``(inf, [])`` if none."""
+    if not sequences:
+        return float("inf"), []
+    width = max(len(s) for s in stages)
+    if width == 0 or len(sequences) * width * width > BATCH_LIMIT:
+        best: tuple[float, list[int]] = (float("inf"), [])
+        for seq in sequences:
+            cost, chain = cheapest_chain(rc, data_node, [stages[s] for s in seq], penalty)
+            if chain and cost < best[0]:
+                best = (cost, chain)
+        return best
+    pad = np.zeros((len(stages), width), dtype=int)
+    valid = np.zeros((len(stages), width), dtype=bool)
+    for s, nodes in enumerate(stages):
+        pad[s, : len(nodes)] = nodes
+        valid[s, : len(nodes)] = True
+    seqa = np.asarray(sequences, dtype=int)  # Q x hops
+    nodes = pad[seqa]  # Q x hops x width
+    cost = rc.node[nodes] if penalty is None else rc.node[nodes] + penalty[nodes]
+    cost = np.where(valid[seqa], cost, np.inf)
+    val = (rc.own[data_node] + rc.edge[data_node][nodes[:, 0]]) + cost[:, 0]
+    back = []
+    for i in range(1, seqa.shape[1]):
+        m = val[:, :, None] + rc.edge[nodes[:, i - 1, :, None], nodes[:, i, None, :]]
+        back.append(m.argmin(axis=1))
+        val = m.min(axis=1) + cost[:, i]
+    total = val + rc.edge[nodes[:, -1], data_node]
+    last = total.argmin(axis=1)
+    per_seq = total[np.arange(len(seqa)), last]
+    q = int(per_seq.argmin())
+    if not np.isfinite(per_seq[q]):
+        return float("inf"), []
+    j = int(last[q])
+    chain = [int(nodes[q, -1, j])]
+    for i in range(seqa.shape[1] - 1, 0, -1):
+        j = int(back[i - 1][q, j])
+        chain.append(int(nodes[q, i - 1, j]))
+    chain.reverse()
+    return float(per_seq[q]), chain
