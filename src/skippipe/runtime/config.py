@@ -92,6 +92,25 @@ class PlanSection:
 
 
 @dataclass(frozen=True)
+class LinkEvent:
+    """An emulated change of one link mid-run: from iteration ``iteration`` (1-based) on, the hop
+    between original nodes ``link[0]`` and ``link[1]`` (both ways) takes ``1 / bandwidth_factor``
+    times as long (the plan keeps one time per hop; for activations over a WAN the bandwidth term
+    dominates it)."""
+
+    config_label: ClassVar[str] = "runtime.emulate_events"
+
+    iteration: int = field(default=1, metadata=POSITIVE)
+    link: tuple[int, ...] = field(default=(0, 1), metadata={"min": 0, "min_len": 2, "max_len": 2})
+    bandwidth_factor: float = field(default=0.5, metadata=ABOVE_ZERO)
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        if self.link[0] == self.link[1]:
+            raise invalid(self, "link", f"link must join two different nodes, got {list(self.link)}")
+
+
+@dataclass(frozen=True)
 class RuntimeSection:
     config_label: ClassVar[str] = "runtime"
 
@@ -114,6 +133,14 @@ class RuntimeSection:
     start_method: Literal["forkserver", "exec"] = "forkserver"
     on_failure: Literal["stop", "continue"] = "stop"  # a worker dies or goes silent: stop, or go on with the survivors
     max_failures: int = field(default=1, metadata={"min": 0})  # with on_failure = "continue": failures survived
+    # under emulation: links that change mid-run, e.g. [{iteration = 6, link = [1, 4], bandwidth_factor = 0.5}]
+    emulate_events: list[LinkEvent] = field(default_factory=list)
+    # with on_failure = "continue": when the measured makespan drifts from the plan's, plan again on the
+    # changed costs and restart the workers with the new plan at an iteration boundary
+    replan_on_drift: bool = False
+    drift_threshold: float = field(default=0.25, metadata=ABOVE_ZERO)  # relative drift that counts
+    drift_window: int = field(default=3, metadata=POSITIVE)  # iterations in a row beyond the threshold
+    max_replans: int = field(default=2, metadata={"min": 0})  # re-plans on drift in one run
 
     def __post_init__(self) -> None:
         check_fields(self)

@@ -139,7 +139,7 @@ def _install_recovery_handler() -> None:
     def handler(signum: int, frame: FrameType | None) -> None:
         if not fired["done"]:
             fired["done"] = True
-            raise PeerLost(None, "the launcher stopped this worker for recovery (another node failed)")
+            raise PeerLost(None, "the launcher stopped this worker to go on with a new plan (a node failed, or a re-plan)")
 
     signal.signal(RECOVERY_SIGNAL, handler)
 
@@ -233,7 +233,7 @@ def _run(args: WorkerArgs, stop: StopRequest) -> int:
         metrics = MetricsWriter(run_dir)
     setup = WorkerSetup(
         plan=plan, node=node, groups=groups, train_cfg=train_cfg, model_cfg=model_cfg, device=device,
-        emulation=Emulation.from_plan(plan, rt.emulate, rt.time_scale, rt.pad_compute), policy=rt.policy,
+        emulation=Emulation.from_plan(plan, rt.emulate, rt.time_scale, rt.pad_compute, rt.emulate_events), policy=rt.policy,
         timeout_s=rt.timeout_s, deterministic=rt.deterministic, run_dir=run_dir, tokens=data.train if is_data else None,
         tokenizer=data.tokenizer if node == 0 else None,
         checkpoint_every=cfg.run.checkpoint_every, keep_checkpoints=cfg.run.keep_checkpoints,

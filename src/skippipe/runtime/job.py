@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from skippipe.errors import NodeLost, PlanCannotFinish, ResumeMismatch, RunFailed, StageLost, UserError
+from skippipe.errors import DrainRequested, NodeLost, PlanCannotFinish, ResumeMismatch, RunFailed, StageLost, UserError
 from skippipe.fileio import atomic_write_text
 from skippipe.planfile import Plan, load_plan, save_plan
 from skippipe.runtime import checkpoint as ckpt
@@ -57,6 +57,7 @@ class Summary:
     records: list[dict[str, Any]] = field(default_factory=list)
     drift: list[Any] = field(default_factory=list)  # DriftEvents: measured makespan away from the prediction
     failures: list[Any] = field(default_factory=list)  # elastic.Failure, one per failure survived
+    replans: list[Any] = field(default_factory=list)  # adapt.Replan, one per re-plan on drift
 
 
 def build_plan(cfg: RunConfig, model_cfg: Any, seq_len: int) -> Plan:
@@ -169,8 +170,16 @@ def train(prep: Prepared, until: int | None = None, progress: bool = True, drift
     bar = tqdm(total=end - prep.start_step, desc="train", unit="it", disable=not progress, dynamic_ncols=True)
     seen: dict[str, Any] = {}
     path = run_dir / METRICS_FILE
+    pending: list[Any] = []  # a drift the launcher should re-plan for
+    replan = rt.replan_on_drift and rt.on_failure == "continue"
+
+    def on_drift(event: Any) -> None:
+        tqdm.write(f"drift: {event.describe()}", file=sys.stderr)
+        if replan and seen.get("active") and len(replans) < rt.max_replans:
+            pending.append(event)
+
     if drift is None and prep.predicted_makespan_s:
-        drift = DriftMonitor(prep.predicted_makespan_s, on_drift=lambda e: tqdm.write(f"drift: {e.describe()}", file=sys.stderr))
+        drift = DriftMonitor(prep.predicted_makespan_s, threshold=rt.drift_threshold, window=rt.drift_window, on_drift=on_drift)
 
     def poll() -> bool:
         if not path.is_file():
@@ -185,11 +194,16 @@ def train(prep: Prepared, until: int | None = None, progress: bool = True, drift
         bar.update(max(0, int(last["iteration"]) - prep.start_step) - bar.n)  # goes back after a recovery
         if drift is not None:
             drift.observe_records(new)
+        if pending:
+            event = pending.pop()
+            pending.clear()
+            raise DrainRequested(f"drift at iteration {event.iteration} (measured/plan {event.ratio:.2f})", event)
         return True
 
     t0 = time.monotonic()
     stall = rt.timeout_s + rt.rendezvous_timeout_s + 120.0
     failures: list[Any] = []
+    replans: list[Any] = []
 
     def launch(n_nodes: int, worker_args: WorkerArgs, **extra: Any) -> None:
         launch_local(
@@ -200,10 +214,12 @@ def train(prep: Prepared, until: int | None = None, progress: bool = True, drift
         )
 
     try:
+        seen["active"] = True
         if rt.on_failure == "continue":
-            prep, failures = _train_elastic(prep, args, launch)
+            prep, failures = _train_elastic(prep, args, launch, drift, replans)
         else:
             launch(prep.plan.n_nodes, args)
+        seen["active"] = False
         poll()
     finally:
         bar.close()
@@ -211,21 +227,27 @@ def train(prep: Prepared, until: int | None = None, progress: bool = True, drift
     summary = summarize(prep, wall, end)
     summary.drift = list(drift.events) if drift is not None else []
     summary.failures = failures
+    summary.replans = replans
     return summary
 
 
-def _train_elastic(prep: Prepared, args: Any, launch: Callable[..., None]) -> tuple[Prepared, list[Any]]:
+def _train_elastic(prep: Prepared, args: Any, launch: Callable[..., None], drift: Any,
+                   replans: list[Any]) -> tuple[Prepared, list[Any]]:
     """Rounds of ``launch`` (``elastic.py``): after each node failure, the survivors' state, a
-    plan for them and a new round, up to ``[runtime] max_failures`` times. Returns ``prep`` for
-    the final plan and the failures."""
+    plan for them and a new round, up to ``[runtime] max_failures`` times; after a drift the
+    launcher asked to drain (``DrainRequested``), a new plan on the changed costs
+    (``adapt.py``), appended to ``replans``. Returns ``prep`` for the final plan and the failures."""
+    from skippipe.runtime import adapt as A
     from skippipe.runtime import elastic as E
     from skippipe.runtime.handoff import HANDOFF_ENV
     from skippipe.sim import simulate
 
     rt, run_dir = prep.cfg.runtime, prep.run_dir
     plan, failures = prep.plan, []
+    keep, meta = prep.cfg.run.keep_checkpoints, _checkpoint_meta(prep.cfg)
     while True:
-        folder = E.fresh_round_dir(run_dir, len(failures))
+        round_index = len(failures) + len(replans)
+        folder = E.fresh_round_dir(run_dir, round_index)
         try:
             launch(plan.n_nodes, args, drain_s=rt.timeout_s + 30.0, extra_env={HANDOFF_ENV: str(folder)})
             break
@@ -234,18 +256,30 @@ def _train_elastic(prep: Prepared, args: Any, launch: Callable[..., None]) -> tu
                 E.write_report(run_dir, failures, finished=False)
                 raise RunFailed(f"{lost} ([runtime] max_failures = {rt.max_failures} reached)", lost.node, lost.kind) from None
             try:
-                plan, fail = E.recover(run_dir, plan, lost, len(failures), prep.cfg.run.keep_checkpoints,
-                                       _checkpoint_meta(prep.cfg))
+                plan, fail = E.recover(run_dir, plan, lost, round_index, keep, meta)
             except StageLost as exc:
                 E.write_report(run_dir, failures, finished=False)
                 raise RunFailed(f"{lost}; {exc}", lost.node, "stage_lost") from None
             failures.append(fail)
             E.write_report(run_dir, failures, finished=False)
-            args = replace(args, resume=True, plan=str(run_dir / "plan.json"))
-            fail.restarted_at = time.time()
+            step, restarted = fail.recovery_step, fail
+        except DrainRequested as request:
+            plan, record = A.replan_after_drain(run_dir, plan, request, round_index, keep, meta, rt.emulate_events,
+                                                prep.cfg.plan.method, prep.cfg.plan.seed)
+            replans.append(record)
+            A.write_report(run_dir, replans)
+            step, restarted = record.recovery_step, record
+        args = replace(args, resume=True, plan=str(run_dir / "plan.json"))
+        res = simulate(plan, bound=False)
+        if drift is not None and res.finished:  # judge the new plan by its own prediction
+            drift.rebase(res.makespan_s, step)
+        restarted.restarted_at = time.time()
     E.measure(run_dir, failures, prep.start_step)
     E.write_report(run_dir, failures, finished=True)
-    if failures:
+    if replans:
+        A.measure(run_dir, replans)
+        A.write_report(run_dir, replans)
+    if failures or replans:
         res = simulate(plan, bound=False)
         prep = replace(prep, plan=plan, predicted_makespan_s=res.makespan_s if res.finished else None, predicted_ops=res.ops)
     return prep, failures
@@ -317,4 +351,9 @@ def format_summary(s: Summary, emulated: bool, time_scale: float) -> str:
 
         lines += format_failures(s.failures)
         lines.append(f"failures        {s.run_dir / REPORT}")
+    if s.replans:
+        from skippipe.runtime import adapt
+
+        lines += adapt.format_replans(s.replans)
+        lines.append(f"re-plans        {s.run_dir / adapt.REPORT}")
     return "\n".join(lines)

@@ -174,6 +174,7 @@ class Worker:
     def iteration(self, it: int) -> IterationStats:
         """Run iteration ``it`` (0-based) of the plan on this node, then step."""
         sched = NodeSchedule(self.s.plan, self.node, self.s.policy)
+        self.s.emulation = self.s.emulation.at_iteration(it + 1)  # link events due by now
         if self.accumulator is not None:
             self.accumulator.reset()
         self.transport.expect(self.n_messages)
