@@ -73,3 +73,40 @@ def test_a_slower_link_is_seen_as_drift_and_the_run_replans(tmp_path):
     after = [x["makespan_plan_s"] for x in recs if x["iteration"] > r["recovery_step"] + 1]
     assert slow and after
     assert np.mean(after) < np.mean(slow)
+
+
+def test_a_failed_node_rejoins_with_its_stage_state_from_a_peer(tmp_path):
+    from runtime_fixtures import seven_node_plan
+    from test_runtime_elastic import _kill_after, _train
+
+    rt = {"emulate": True, "time_scale": 0.05, "timeout_s": 20.0, "on_failure": "continue",
+          "rejoin": [{"iteration": 6, "node": 3}]}
+    cfg = write_config(tmp_path, seven_node_plan(), steps=9, runtime=rt)
+    run = tmp_path / "run"
+    proc = _train(cfg)
+    out, err = _kill_after(proc, run, [(2, 3)])  # node 3: stage 1 keeps node 2
+    assert proc.returncode == 0, err[-3000:]
+    recs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in recs] == list(range(1, 10))
+    assert all(math.isfinite(r["loss"]) for r in recs) and recs[-1]["loss"] < recs[0]["loss"]
+    assert len(json.loads((run / "failures.json").read_text())["failures"]) == 1
+    joins = [r for r in json.loads((run / "replans.json").read_text())["replans"] if r["joined"] is not None]
+    assert len(joins) == 1 and joins[0]["joined"] == 3 and joins[0]["nodes"] == 7
+    assert joins[0]["recovery_step"] >= 5  # it joined at the boundary before iteration 6 (or after)
+    assert "rejoin" in out
+    final = load_plan(run / "plan.json")
+    assert final.meta["elastic"]["original_nodes"] == list(range(7))
+    assert 3 in final.stages[1]
+    # the joiner got its stage's state from node 2 over torch.distributed, bit for bit, and read no checkpoint
+    joiner_log = (run / "logs" / "node-003.log").read_text()
+    source_log = (run / "logs" / "node-002.log").read_text()
+    got = [line for line in joiner_log.splitlines() if "joined: received stage state" in line]
+    sent = [line for line in source_log.splitlines() if "sent stage state to joining node(s) [3]" in line]
+    assert len(got) == 1 and len(sent) == 1
+    assert got[0].split("digest ")[1] == sent[0].split("digest ")[1]
+    # the timeline shows it working: node 3 serves operations in the last iteration
+    from skippipe.runtime import timeline
+
+    records, _ = timeline.load_timeline(run)
+    last = max(timeline.iterations(records))
+    assert any(r["type"] == "op" and r["node"] == 3 and r["it"] == last for r in records)

@@ -51,12 +51,15 @@ def problem_of(plan: Plan, transfer_s: np.ndarray) -> Problem:
 
 
 def replan(plan: Plan, transfer_s: np.ndarray, method: str = "skippipe", seed: int = 0,
-           time_limit_s: float | None = None) -> Plan:
+           time_limit_s: float | None = None, fixed_stages: bool = False) -> Plan:
     """The better of a new ``method`` plan on ``transfer_s`` and the old plan on ``transfer_s``
-    (by simulated makespan); the layer partition and ``plan.meta`` are kept."""
+    (by simulated makespan); the layer partition and ``plan.meta`` are kept. ``fixed_stages``:
+    every node stays in its stage (only the paths are planned again)."""
     old = with_transfer(plan, transfer_s)
     old_sim = simulate(old, bound=False)
     problem = problem_of(plan, transfer_s)
+    if fixed_stages:
+        problem = with_allocation(problem, plan.stages)
     new = make_plan(method, problem, seed=seed, time_limit_s=time_limit_s)
     if new.layers != plan.layers:
         new = make_plan(method, with_allocation(problem, plan.stages), seed=seed, time_limit_s=time_limit_s)

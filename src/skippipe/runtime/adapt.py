@@ -15,7 +15,13 @@ the plan's prediction (``drift_threshold``, ``drift_window`` iterations in a row
    state (R: the step every worker holds) and restarts the workers with it;
 5. points the drift monitor at the new plan's prediction.
 
-Every re-plan is reported in ``RUN/replans.json`` (``Replan``). Torch-free.
+A rejoin (``[runtime] rejoin``: a failed node starts again) goes the same way: at the next
+iteration boundary the workers are drained, the plan is recomputed with the node back in its
+stage (``grow_plan``: the first plan restricted to the nodes now running, its paths planned
+again with the stage allocation fixed) and the next round starts with one more worker, told
+(``$SKIPPIPE_JOINERS``) to take its stage's state from a peer (``rejoin.py``), not from disk.
+
+Every re-plan and rejoin is reported in ``RUN/replans.json`` (``Replan``). Torch-free.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ from typing import Any
 
 from skippipe.errors import DrainRequested
 from skippipe.fileio import atomic_write_text
-from skippipe.planfile import Plan, save_plan
+from skippipe.planfile import Plan, load_plan, save_plan
 from skippipe.planner.replan import replan, with_transfer
 from skippipe.planner.shrink import original_nodes, shrink_plan
 from skippipe.runtime import elastic as E
@@ -37,6 +43,7 @@ from skippipe.runtime.emulation import changed_transfer, folded_events, link_cha
 from skippipe.sim import simulate
 
 REPORT = "replans.json"
+JOINERS_ENV = "SKIPPIPE_JOINERS"  # the joining nodes of a round (its plan's ids, comma-separated)
 
 
 @dataclass
@@ -56,8 +63,43 @@ class Replan:
     new_paths: bool  # False: the planner found nothing faster, the old paths were kept
     stages_before: list[list[int]]  # original node ids
     stages_after: list[list[int]]
+    joined: int | None = None  # a rejoin: the node that came back (original id)
+    nodes: int = 0  # nodes in the new plan
     restarted_at: float | None = None
     restart_s: float | None = None  # new round started -> its first iteration done
+
+
+FIRST_PLAN = "plan-first.json"  # under RUN/elastic: the run's first plan, with every node
+
+
+class RejoinWatch:
+    """Which ``[runtime] rejoin`` events are due: a node not in the current plan whose iteration
+    has come (the boundary before it)."""
+
+    def __init__(self, events: Sequence[Any]) -> None:
+        self.left = [(int(e.iteration), int(e.node)) for e in events]
+
+    def due(self, done_iterations: int, plan: Plan) -> int | None:
+        """The original id of a node to bring back now, if any."""
+        running = set(original_nodes(plan))
+        for k, (iteration, node) in enumerate(self.left):
+            if done_iterations + 1 >= iteration and node not in running:
+                del self.left[k]
+                return node
+        return None
+
+
+def grow_plan(first: Plan, plan: Plan, node: int, events: Sequence[object], iteration: int, method: str,
+              seed: int) -> Plan:
+    """The plan for the nodes of ``plan`` plus original node ``node``, back in its first stage."""
+    keep = set(original_nodes(plan)) | {node}
+    base, _ = shrink_plan(first, {n for n in range(first.n_nodes) if n not in keep})
+    base.meta = {**base.meta, "emulation": dict(plan.meta.get("emulation") or {})}
+    transfer, folded = fold_due(base, events, iteration)
+    grown = replan(base, transfer, method=method, seed=seed, fixed_stages=True)
+    emu = grown.meta.get("emulation") or {}
+    grown.meta = {**grown.meta, "emulation": {**emu, "folded": sorted(set(folded_events(base)) | set(folded))}}
+    return grown
 
 
 def _original_stages(plan: Plan) -> list[list[int]]:
@@ -84,9 +126,15 @@ def replan_after_drain(run_dir: Path, plan: Plan, request: DrainRequested, round
     base = shrink_plan(plan, missing)[0] if missing else plan
     transfer, folded = fold_due(base, events, step + 1)
     old_on_new = with_transfer(base, transfer)
-    new_plan = replan(base, transfer, method=method, seed=seed)
+    joiner = request.payload if isinstance(request.payload, int) else None
+    if joiner is not None:
+        first = load_plan(run_dir / "elastic" / FIRST_PLAN)
+        new_plan = grow_plan(first, base, joiner, events, step + 1, method, seed)
+    else:
+        new_plan = replan(base, transfer, method=method, seed=seed)
     emu = dict(plan.meta.get("emulation") or {}) if isinstance(plan.meta.get("emulation"), dict) else {}
-    new_plan.meta = {**new_plan.meta, "emulation": {**emu, "folded": sorted(set(folded_events(plan)) | set(folded))}}
+    done = set(folded_events(new_plan)) | set(folded_events(plan)) | set(folded)
+    new_plan.meta = {**new_plan.meta, "emulation": {**emu, "folded": sorted(done)}}
     E.write_recovery_checkpoint(run_dir, plan, new_plan, handoffs, step, keep, write_meta)
     save_plan(new_plan, run_dir / "plan.json")
     save_plan(new_plan, run_dir / "elastic" / f"plan-round-{round_index + 1}.json")
@@ -99,6 +147,7 @@ def replan_after_drain(run_dir: Path, plan: Plan, request: DrainRequested, round
         makespan_sim_old_s=sim_old.makespan_s if sim_old.finished else None,
         makespan_sim_new_s=sim_new.makespan_s if sim_new.finished else None,
         new_paths=not (new_plan.stages == base.stages and new_plan.microbatches == base.microbatches),
+        joined=joiner, nodes=new_plan.n_nodes,
         stages_before=_original_stages(plan), stages_after=_original_stages(new_plan),
     )
     return new_plan, record
@@ -127,7 +176,8 @@ def format_replans(replans: list[Replan]) -> list[str]:
         old = f"{r.makespan_sim_old_s:.2f}" if r.makespan_sim_old_s is not None else "?"
         new = f"{r.makespan_sim_new_s:.2f}" if r.makespan_sim_new_s is not None else "?"
         restart = f"{r.restart_s:.1f}" if r.restart_s is not None else "?"
-        out.append(f"re-plan         {r.reason}; in iteration {r.iteration}, went on from step {r.recovery_step} "
+        what = "rejoin          " if r.joined is not None else "re-plan         "
+        out.append(f"{what}{r.reason}; in iteration {r.iteration}, went on from step {r.recovery_step} "
                    f"with stages {r.stages_after}: simulated makespan on the new costs {old} -> {new} s; "
                    f"drain {r.drain_s:.1f} s, re-plan {r.replan_s:.2f} s, restart {restart} s")
     return out

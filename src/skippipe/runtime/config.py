@@ -111,6 +111,21 @@ class LinkEvent:
 
 
 @dataclass(frozen=True)
+class RejoinEvent:
+    """A node that failed starts again: it joins at the boundary before iteration ``iteration``
+    (1-based; or at the first boundary after, if it failed later), with ``node`` its id in the
+    run's first plan. It gets its stage's state from a peer, not from disk."""
+
+    config_label: ClassVar[str] = "runtime.rejoin"
+
+    iteration: int = field(default=1, metadata=POSITIVE)
+    node: int = field(default=0, metadata={"min": 0})
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+
+@dataclass(frozen=True)
 class RuntimeSection:
     config_label: ClassVar[str] = "runtime"
 
@@ -141,6 +156,8 @@ class RuntimeSection:
     drift_threshold: float = field(default=0.25, metadata=ABOVE_ZERO)  # relative drift that counts
     drift_window: int = field(default=3, metadata=POSITIVE)  # iterations in a row beyond the threshold
     max_replans: int = field(default=2, metadata={"min": 0})  # re-plans on drift in one run
+    # with on_failure = "continue": failed nodes that start again, e.g. [{iteration = 8, node = 3}]
+    rejoin: list[RejoinEvent] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         check_fields(self)

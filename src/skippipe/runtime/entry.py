@@ -183,6 +183,7 @@ def _run(args: WorkerArgs, stop: StopRequest) -> int:
     from skippipe.planfile import load_plan
     from skippipe.runtime import checkpoint as ckpt
     from skippipe.runtime import process_group as pg
+    from skippipe.runtime import rejoin
     from skippipe.runtime.config import load_run_config
     from skippipe.runtime.emulation import Emulation
     from skippipe.runtime.handoff import hand_off, handoff_dir
@@ -219,13 +220,16 @@ def _run(args: WorkerArgs, stop: StopRequest) -> int:
 
     start, losses = 0, []
     found = None
-    if args.resume:
+    node = env.rank
+    joining = rejoin.joiners()
+    if args.resume and node not in joining:  # a joiner reads nothing from disk: its state comes from a peer
         found = ckpt.latest(run_dir)
         if found is None:
             raise UserError(f"--resume: {run_dir} holds no checkpoint")
         info = ckpt.verify(found, plan)
         start, losses = info.step, list(info.losses)
-    node = env.rank
+    if joining:
+        start, losses = rejoin.share_position(start, losses, joining)
     is_data = node in plan.stages[0]
     metrics = None
     if node == 0:
@@ -244,7 +248,11 @@ def _run(args: WorkerArgs, stop: StopRequest) -> int:
     worker = Worker(setup)
     if found is not None:
         worker.load_checkpoint(found)
-        worker.losses_so_far = losses
+    worker.losses_so_far = losses
+    if joining:
+        line = rejoin.share_stage_state(worker.stage, worker.optimizer, groups.stage, groups.stage_ranks, joining)
+        if line:
+            _log(line)
     try:
         stop.deferred = True
         try:

@@ -178,6 +178,9 @@ def train(prep: Prepared, until: int | None = None, progress: bool = True, drift
         if replan and seen.get("active") and len(replans) < rt.max_replans:
             pending.append(event)
 
+    from skippipe.runtime.adapt import RejoinWatch
+
+    watch = RejoinWatch(rt.rejoin) if rt.on_failure == "continue" and rt.rejoin else None
     if drift is None and prep.predicted_makespan_s:
         drift = DriftMonitor(prep.predicted_makespan_s, threshold=rt.drift_threshold, window=rt.drift_window, on_drift=on_drift)
 
@@ -194,6 +197,10 @@ def train(prep: Prepared, until: int | None = None, progress: bool = True, drift
         bar.update(max(0, int(last["iteration"]) - prep.start_step) - bar.n)  # goes back after a recovery
         if drift is not None:
             drift.observe_records(new)
+        if watch is not None and seen.get("active") and watch.left:
+            node = watch.due(int(last["iteration"]), load_plan(run_dir / "plan.json"))
+            if node is not None:
+                raise DrainRequested(f"node {node} rejoins after iteration {last['iteration']}", node)
         if pending:
             event = pending.pop()
             pending.clear()
@@ -237,6 +244,7 @@ def _train_elastic(prep: Prepared, args: Any, launch: Callable[..., None], drift
     plan for them and a new round, up to ``[runtime] max_failures`` times; after a drift the
     launcher asked to drain (``DrainRequested``), a new plan on the changed costs
     (``adapt.py``), appended to ``replans``. Returns ``prep`` for the final plan and the failures."""
+    from skippipe.planner.shrink import original_nodes
     from skippipe.runtime import adapt as A
     from skippipe.runtime import elastic as E
     from skippipe.runtime.handoff import HANDOFF_ENV
@@ -245,11 +253,15 @@ def _train_elastic(prep: Prepared, args: Any, launch: Callable[..., None], drift
     rt, run_dir = prep.cfg.runtime, prep.run_dir
     plan, failures = prep.plan, []
     keep, meta = prep.cfg.run.keep_checkpoints, _checkpoint_meta(prep.cfg)
+    first = run_dir / "elastic" / A.FIRST_PLAN
+    if not first.is_file():
+        save_plan(plan, first)
+    joiners: dict[str, str] = {}
     while True:
         round_index = len(failures) + len(replans)
         folder = E.fresh_round_dir(run_dir, round_index)
         try:
-            launch(plan.n_nodes, args, drain_s=rt.timeout_s + 30.0, extra_env={HANDOFF_ENV: str(folder)})
+            launch(plan.n_nodes, args, drain_s=rt.timeout_s + 30.0, extra_env={HANDOFF_ENV: str(folder), **joiners})
             break
         except NodeLost as lost:
             if len(failures) >= rt.max_failures:
@@ -269,6 +281,9 @@ def _train_elastic(prep: Prepared, args: Any, launch: Callable[..., None], drift
             replans.append(record)
             A.write_report(run_dir, replans)
             step, restarted = record.recovery_step, record
+        joiners = {}
+        if isinstance(restarted, A.Replan) and restarted.joined is not None:  # it takes its state from a peer
+            joiners = {A.JOINERS_ENV: str(original_nodes(plan).index(restarted.joined))}
         args = replace(args, resume=True, plan=str(run_dir / "plan.json"))
         res = simulate(plan, bound=False)
         if drift is not None and res.finished:  # judge the new plan by its own prediction
