@@ -109,3 +109,28 @@ def test_bad_link_events_are_one_line_config_errors(event, word):
     with pytest.raises(ConfigError) as info:
         run_config_from_dict({"runtime": {"emulate_events": [event]}})
     assert word in str(info.value) and "\n" not in str(info.value)
+
+
+def test_rejoin_is_due_at_its_boundary_only_for_a_node_that_is_gone():
+    from skippipe.runtime.adapt import RejoinWatch
+    from skippipe.runtime.config import RejoinEvent
+
+    plan = seven_node_plan()
+    shrunk, _ = shrink_plan(plan, {3})
+    watch = RejoinWatch([RejoinEvent(6, 3), RejoinEvent(2, 5)])
+    assert watch.due(4, shrunk) is None  # node 3's boundary is after iteration 5; node 5 never left
+    assert watch.due(5, shrunk) == 3
+    assert watch.due(6, shrunk) is None and watch.left == [(2, 5)]
+
+
+def test_grow_plan_puts_the_node_back_in_its_first_stage_with_every_node_id():
+    from skippipe.runtime.adapt import grow_plan
+
+    first = seven_node_plan()
+    shrunk, _ = shrink_plan(first, {3})
+    grown = grow_plan(first, shrunk, 3, [LinkEvent(1, (2, 3), 0.5)], 4, "skippipe", 0)
+    assert grown.meta["elastic"]["original_nodes"] == list(range(7))
+    assert grown.stages == first.stages and grown.layers == first.layers
+    assert grown.meta["emulation"]["folded"] == [0]
+    assert grown.costs.transfer_s[2, 3] == pytest.approx(2 * first.costs.transfer_s[2, 3])
+    assert simulate(grown, bound=False).finished

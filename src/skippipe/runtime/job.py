@@ -289,7 +289,7 @@ def _train_elastic(prep: Prepared, args: Any, launch: Callable[..., None], drift
         if drift is not None and res.finished:  # judge the new plan by its own prediction
             drift.rebase(res.makespan_s, step)
         restarted.restarted_at = time.time()
-    E.measure(run_dir, failures, prep.start_step)
+    E.measure(run_dir, failures, prep.start_step, [r.recovery_step for r in replans])
     E.write_report(run_dir, failures, finished=True)
     if replans:
         A.measure(run_dir, replans)
