@@ -20,14 +20,19 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / max(float(b.norm()), 1e-12))
 
 
+MIXED = {"precision": "bf16", "activation_checkpointing": True}
+
+
 @pytest.mark.parametrize(
-    "emulate, deterministic", [(False, True), (True, False)], ids=["direct-deterministic", "emulated-all-reduce"]
+    "emulate, deterministic, settings",
+    [(False, True, {}), (True, False, {}), (False, True, MIXED)],
+    ids=["direct-deterministic", "emulated-all-reduce", "direct-deterministic-bf16-checkpointed"],
 )
-def test_distributed_run_matches_reference_executor(tmp_path, emulate, deterministic):
+def test_distributed_run_matches_reference_executor(tmp_path, emulate, deterministic, settings):
     plan = seven_node_plan()
     steps = 3
     runtime = {"emulate": emulate, "time_scale": 0.02, "deterministic": deterministic}
-    cfg = load_run_config(write_config(tmp_path, plan, steps=steps, runtime=runtime))
+    cfg = load_run_config(write_config(tmp_path, plan, steps=steps, runtime=runtime, train=settings))
     prep = prepare(cfg, tmp_path / "run")
     summary = train(prep, progress=False)
     assert summary.iterations == steps
