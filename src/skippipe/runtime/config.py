@@ -88,6 +88,15 @@ class PlanSection:
         )
 
 
+DETERMINISTIC_MAX_PARAMS = 100_000_000  # larger models sum gradients with all-reduce unless `deterministic = true`
+
+
+def all_gather_bytes(stage_params: int, replicas: int) -> int:
+    """Extra device memory of the deterministic gradient sum on one node: the all-gather receives
+    every replica's fp32 gradient vector of the stage (the all-reduce sums in place: none)."""
+    return 4 * stage_params * replicas if replicas > 1 else 0
+
+
 @dataclass(frozen=True)
 class RuntimeSection:
     config_label: ClassVar[str] = "runtime"
@@ -99,7 +108,9 @@ class RuntimeSection:
     pad_compute: bool = True  # under emulation, stretch operations to their modelled time
     # "fifo" (the simulator's rule) or "backward-first"; a plan's processing_order wins
     policy: Literal["fifo", "backward-first"] = "fifo"
-    deterministic: bool = True  # add gradients in microbatch order: bit-for-bit reproducible runs
+    # add gradients in microbatch order: bit-for-bit reproducible runs; its all-gather holds one fp32
+    # copy of the stage's gradients per stage replica. Unset: on up to DETERMINISTIC_MAX_PARAMS, else all-reduce
+    deterministic: bool | None = None
     timeout_s: float = field(default=120.0, metadata=ABOVE_ZERO)  # longest wait for any message or collective
     rendezvous_timeout_s: float = field(default=60.0, metadata=ABOVE_ZERO)  # longest wait for all workers to join
     wire: WireFormat = "bf16"  # activations/gradients on the wire: "fp32", "bf16" (1/2 the bytes), "int8" (~1/4, row scales)
@@ -111,6 +122,10 @@ class RuntimeSection:
     start_method: Literal["forkserver", "exec"] = "forkserver"
     on_failure: Literal["stop", "continue"] = "stop"  # a worker dies or goes silent: stop, or go on with the survivors
     max_failures: int = field(default=1, metadata={"min": 0})  # with on_failure = "continue": failures survived
+
+    def deterministic_for(self, model_params: int) -> bool:
+        """``deterministic`` as set, else on for models of at most ``DETERMINISTIC_MAX_PARAMS``."""
+        return self.deterministic if self.deterministic is not None else model_params <= DETERMINISTIC_MAX_PARAMS
 
     def __post_init__(self) -> None:
         check_fields(self)

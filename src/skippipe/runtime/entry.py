@@ -211,7 +211,8 @@ def _run(args: WorkerArgs, stop: StopRequest) -> int:
     t1 = time.monotonic()
     hosted_store = pg.init(env, rt.timeout_s, rt.rendezvous_timeout_s)
     t2 = time.monotonic()
-    groups = pg.make_groups(plan.stages, env.rank, rt.backend)
+    routes = [[mb.data_node, *mb.path] for mb in plan.microbatches]
+    groups = pg.make_groups(plan.stages, env.rank, rt.backend, pg.link_pairs(routes))
     pg.agree(json.dumps(plan.to_dict(), sort_keys=True), "plan", rt.timeout_s)
     pg.agree(json.dumps(cfg.to_dict(), sort_keys=True), "config", rt.timeout_s)
     _log(f"pid {os.getpid()}, set up in {t1 - t0:.1f} s, joined {env.world_size} workers in {t2 - t1:.1f} s, "
@@ -234,7 +235,8 @@ def _run(args: WorkerArgs, stop: StopRequest) -> int:
     setup = WorkerSetup(
         plan=plan, node=node, groups=groups, train_cfg=train_cfg, model_cfg=model_cfg, device=device,
         emulation=Emulation.from_plan(plan, rt.emulate, rt.time_scale, rt.pad_compute), policy=rt.policy,
-        timeout_s=rt.timeout_s, deterministic=rt.deterministic, run_dir=run_dir, tokens=data.train if is_data else None,
+        timeout_s=rt.timeout_s, deterministic=rt.deterministic_for(model_cfg.num_params()), run_dir=run_dir,
+        tokens=data.train if is_data else None,
         tokenizer=data.tokenizer if node == 0 else None,
         checkpoint_every=cfg.run.checkpoint_every, keep_checkpoints=cfg.run.keep_checkpoints,
         metrics=metrics, log_every=cfg.run.log_every, timeline_iteration=cfg.run.timeline_iteration, stop=stop,

@@ -156,7 +156,7 @@ class Worker:
             device=setup.device,
             timeout_s=setup.timeout_s,
             delay=lambda dst: setup.emulation.link_delay_s(self.node, dst),
-            bounds=bounds, wire=setup.wire, error_feedback=setup.wire_error_feedback,
+            bounds=bounds, wire=setup.wire, error_feedback=setup.wire_error_feedback, links=setup.groups.links,
         )
 
     # ------------------------------------------------------------------ one iteration
