@@ -366,3 +366,16 @@ def test_training_plans_with_the_deterministic_budget_by_default():
 
     assert load_default_run_config().plan.time_limit_s is None
     assert run_config_from_dict({"plan": {"time_limit_s": 5}}).plan.time_limit_s == 5.0
+
+
+def test_plan_t_layer_s_sets_the_compute_the_run_plans_and_emulates():
+    from skippipe.model.config import ModelConfig
+    from skippipe.runtime.config import load_default_run_config, run_config_from_dict
+    from skippipe.runtime.job import build_plan
+
+    model = ModelConfig(vocab_size=64, d_model=32, n_layers=4, n_heads=2, n_kv_heads=1, ffn_dim=64, ctx=16)
+    base = {"plan": {"method": "full", "num_stages": 4, "path_length": 4}}
+    scaled = build_plan(run_config_from_dict(base), model, 16)  # the tiny model's FLOPs: next to nothing
+    given = build_plan(run_config_from_dict({"plan": {**base["plan"], "t_layer_s": 0.055}}), model, 16)
+    assert float(given.costs.forward_s.min()) > 100 * float(scaled.costs.forward_s.max())
+    assert load_default_run_config().plan.t_layer_s == 0.055  # the embedded run emulates reference-sized compute

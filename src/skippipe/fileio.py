@@ -105,23 +105,24 @@ def _probe(p: Path, base: Path, what: str) -> None:
         raise OutputError(f"{p}: cannot create the {what} in {base}: {exc.strerror}") from None
 
 
-def read_json(path: str | Path, error: Callable[[str], Exception], what: str = "file") -> object:
+def read_json(path: str | Path, error: Callable[[str], Exception], what: str = "file", label: str | None = None) -> object:
     """A JSON document read from a file another program may have written; every way it can be
     unreadable (missing, not UTF-8, not JSON, a number too long, nested too deeply) is one
-    ``error(message)`` naming the file."""
+    ``error(f"{label}: {problem}")``; ``label`` defaults to the path."""
     p = Path(path)
+    label = str(p) if label is None else label
     if not p.is_file():
-        raise error(f"{p}: no such {what}")
+        raise error(f"{label}: no such {what}")
     try:
         return json.loads(p.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
-        raise error(f"{p}: not valid JSON ({exc})") from None
+        raise error(f"{label}: not valid JSON ({exc})") from None
     except UnicodeDecodeError:
-        raise error(f"{p}: not a text file (not UTF-8)") from None
+        raise error(f"{label}: not a text file (not UTF-8)") from None
     except ValueError:  # an integer of more than 4300 digits
-        raise error(f"{p}: not valid JSON (a number is too long)") from None
+        raise error(f"{label}: not valid JSON (a number is too long)") from None
     except RecursionError:
-        raise error(f"{p}: not valid JSON (nested too deeply)") from None
+        raise error(f"{label}: not valid JSON (nested too deeply)") from None
 
 
 def name_inside(folder: str | Path, name: object, what: str = "file") -> Path:

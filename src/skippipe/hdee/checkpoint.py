@@ -118,7 +118,7 @@ def verify(folder: Path, digest: str | None) -> Saved:
     mf = folder / "manifest.json"
     if not mf.is_file():
         raise JobCheckpointError(f"{where}: manifest.json is missing")
-    m = read_json(mf, JobCheckpointError, "manifest")
+    m = read_json(mf, JobCheckpointError, "manifest", label=f"{where}: manifest.json is corrupt")
     if not isinstance(m, dict) or m.get("format") != FORMAT or m.get("version") != VERSION:
         raise JobCheckpointError(f"{where}: not a {FORMAT} version {VERSION} manifest")
     if digest is not None and m.get("digest") != digest:

@@ -176,7 +176,7 @@ def verify(path: str | Path, plan: Plan | None = None) -> CheckpointInfo:
         raise CheckpointError(f"{where}: no such folder")
     if not mf.is_file():
         raise CheckpointError(f"{where}: manifest.json is missing (an incomplete checkpoint)")
-    m = read_json(mf, CheckpointError, "manifest")
+    m = read_json(mf, CheckpointError, "manifest", label=f"{where}: manifest.json is corrupt")
     if not isinstance(m, dict) or m.get("format") != FORMAT:
         raise CheckpointError(f"{where}: manifest.json is not a skippipe checkpoint manifest")
     if m.get("version") != VERSION:

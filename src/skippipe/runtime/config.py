@@ -70,6 +70,9 @@ class PlanSection:
     method: str = "skippipe"  # a name of skippipe.planner.methods.METHODS
     seed: int = field(default=0, metadata={"min": 0})
     time_limit_s: float | None = field(default=None, metadata=ABOVE_ZERO)  # None: the deterministic budget
+    # forward seconds per sample per layer on a speed-1.0 node, for planning and emulation;
+    # None: the reference layer's 0.055 s scaled by this model's FLOPs (skippipe.costs.scaled_t_layer)
+    t_layer_s: float | None = field(default=None, metadata=ABOVE_ZERO)
     shape: PipelineShape = field(default=TRAINING_SHAPE, metadata={"inline": True})
 
     def __post_init__(self) -> None:

@@ -70,7 +70,10 @@ def build_plan(cfg: RunConfig, model_cfg: Any, seq_len: int) -> Plan:
     train = cfg.train_config()
     cluster = load_cluster(cfg.plan.cluster)
     workload = cfg.plan.workload(model_cfg.n_layers, model_cfg.d_model, seq_len, train.samples_per_microbatch, cfg.runtime.wire)
-    problem = build_problem(cluster, workload)
+    from skippipe.costs import CostModel
+
+    cost_model = None if cfg.plan.t_layer_s is None else CostModel(t_layer_s=cfg.plan.t_layer_s)
+    problem = build_problem(cluster, workload, cost_model=cost_model)
     return make_plan(cfg.plan.method, problem, seed=cfg.plan.seed, time_limit_s=cfg.plan.time_limit_s)
 
 
