@@ -117,6 +117,7 @@ class RuntimeSection:
     timeout_s: float = field(default=120.0, metadata=ABOVE_ZERO)  # longest wait for any message or collective
     rendezvous_timeout_s: float = field(default=60.0, metadata=ABOVE_ZERO)  # longest wait for all workers to join
     wire: WireFormat = "bf16"  # activations/gradients on the wire: "fp32", "bf16" (1/2 the bytes), "int8" (~1/4, row scales)
+    hosts: str | None = None  # torchrun on several machines: a host file placing plan nodes (runtime/hosts.py)
     wire_error_feedback: bool = False  # int8: carry each link's rounding error into its next message
     threads_per_worker: int = field(default=1, metadata=POSITIVE)  # torch intra-op threads per worker
     master_addr: str = "127.0.0.1"  # local launch only; torchrun sets its own
@@ -186,7 +187,8 @@ def _resolve_paths(cfg: RunConfig, base: Path) -> RunConfig:
         value = train.get(key)
         if isinstance(value, str) and (key == "data" or value.endswith(".json")):
             train[key] = fix(value)
-    return replace(cfg, plan=replace(plan, file=fix(plan.file), cluster=cluster), train=train)
+    runtime = replace(cfg.runtime, hosts=fix(cfg.runtime.hosts))
+    return replace(cfg, plan=replace(plan, file=fix(plan.file), cluster=cluster), train=train, runtime=runtime)
 
 
 DEFAULT_RUN_CONFIG = "train-tiny.toml"  # in skippipe/resources/examples, also examples/train-tiny.toml
