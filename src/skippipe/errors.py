@@ -53,6 +53,10 @@ class ClusterError(ConfigError):
     """A cluster description that cannot be used."""
 
 
+class HostFileError(ConfigError):
+    """A host file (``[runtime] hosts``) that does not place the plan's nodes on the machines started."""
+
+
 # ---------------------------------------------------------------------- runs (exit 3)
 
 

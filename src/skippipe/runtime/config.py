@@ -91,6 +91,15 @@ class PlanSection:
         )
 
 
+DETERMINISTIC_MAX_PARAMS = 100_000_000  # larger models sum gradients with all-reduce unless `deterministic = true`
+
+
+def all_gather_bytes(stage_params: int, replicas: int) -> int:
+    """Extra device memory of the deterministic gradient sum on one node: the all-gather receives
+    every replica's fp32 gradient vector of the stage (the all-reduce sums in place: none)."""
+    return 4 * stage_params * replicas if replicas > 1 else 0
+
+
 @dataclass(frozen=True)
 class LinkEvent:
     """An emulated change of one link mid-run: from iteration ``iteration`` (1-based) on, the hop
@@ -136,10 +145,13 @@ class RuntimeSection:
     pad_compute: bool = True  # under emulation, stretch operations to their modelled time
     # "fifo" (the simulator's rule) or "backward-first"; a plan's processing_order wins
     policy: Literal["fifo", "backward-first"] = "fifo"
-    deterministic: bool = True  # add gradients in microbatch order: bit-for-bit reproducible runs
+    # add gradients in microbatch order: bit-for-bit reproducible runs; its all-gather holds one fp32
+    # copy of the stage's gradients per stage replica. Unset: on up to DETERMINISTIC_MAX_PARAMS, else all-reduce
+    deterministic: bool | None = None
     timeout_s: float = field(default=120.0, metadata=ABOVE_ZERO)  # longest wait for any message or collective
     rendezvous_timeout_s: float = field(default=60.0, metadata=ABOVE_ZERO)  # longest wait for all workers to join
     wire: WireFormat = "bf16"  # activations/gradients on the wire: "fp32", "bf16" (1/2 the bytes), "int8" (~1/4, row scales)
+    hosts: str | None = None  # torchrun on several machines: a host file placing plan nodes (runtime/hosts.py)
     wire_error_feedback: bool = False  # int8: carry each link's rounding error into its next message
     threads_per_worker: int = field(default=1, metadata=POSITIVE)  # torch intra-op threads per worker
     master_addr: str = "127.0.0.1"  # local launch only; torchrun sets its own
@@ -158,6 +170,10 @@ class RuntimeSection:
     max_replans: int = field(default=2, metadata={"min": 0})  # re-plans on drift in one run
     # with on_failure = "continue": failed nodes that start again, e.g. [{iteration = 8, node = 3}]
     rejoin: list[RejoinEvent] = field(default_factory=list)
+
+    def deterministic_for(self, model_params: int) -> bool:
+        """``deterministic`` as set, else on for models of at most ``DETERMINISTIC_MAX_PARAMS``."""
+        return self.deterministic if self.deterministic is not None else model_params <= DETERMINISTIC_MAX_PARAMS
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -215,7 +231,8 @@ def _resolve_paths(cfg: RunConfig, base: Path) -> RunConfig:
         value = train.get(key)
         if isinstance(value, str) and (key == "data" or value.endswith(".json")):
             train[key] = fix(value)
-    return replace(cfg, plan=replace(plan, file=fix(plan.file), cluster=cluster), train=train)
+    runtime = replace(cfg.runtime, hosts=fix(cfg.runtime.hosts))
+    return replace(cfg, plan=replace(plan, file=fix(plan.file), cluster=cluster), train=train, runtime=runtime)
 
 
 DEFAULT_RUN_CONFIG = "train-tiny.toml"  # in skippipe/resources/examples, also examples/train-tiny.toml

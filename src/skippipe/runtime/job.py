@@ -24,6 +24,7 @@ from skippipe.runtime import checkpoint as ckpt
 from skippipe.runtime import runfolder
 from skippipe.runtime.config import RunConfig
 from skippipe.runtime.metrics import METRICS_FILE, read_metrics
+from skippipe.runtime.throughput import Throughput, iteration_flops, measure
 
 # what a resumed run may change: how long, how often to record, how to run; never what is trained
 RESUMABLE = {"train": ("steps",), "run": None, "runtime": None}
@@ -40,6 +41,8 @@ class Prepared:
     predicted_makespan_s: float | None  # simulator, plan seconds
     predicted_ops: list[Any] | None = None
     vocab_note: str | None = None  # one line when the tokenizer changes the model preset's vocabulary
+    tokens_per_iteration: int = 0
+    flops_per_iteration: float = 0.0  # model FLOPs of one iteration (throughput.iteration_flops)
 
 
 @dataclass
@@ -58,6 +61,7 @@ class Summary:
     drift: list[Any] = field(default_factory=list)  # DriftEvents: measured makespan away from the prediction
     failures: list[Any] = field(default_factory=list)  # elastic.Failure, one per failure survived
     replans: list[Any] = field(default_factory=list)  # adapt.Replan, one per re-plan on drift
+    throughput: Throughput | None = None  # tokens/s, and utilisation on GPUs
 
 
 def build_plan(cfg: RunConfig, model_cfg: Any, seq_len: int) -> Plan:
@@ -127,7 +131,9 @@ def prepare(cfg: RunConfig, run_dir: Path, resume: bool = False, fresh: bool = F
     config_file = run_dir / "config.json"
     atomic_write_text(config_file, json.dumps(cfg.to_dict(), indent=1) + "\n")
     predicted, ops = res.makespan_s, res.ops
-    return Prepared(cfg, run_dir, plan, config_file, start, train.steps, predicted, ops, train.vocab_note(data.vocab_size))
+    samples = len(plan.microbatches) * train.samples_per_microbatch
+    return Prepared(cfg, run_dir, plan, config_file, start, train.steps, predicted, ops, train.vocab_note(data.vocab_size),
+                    samples * seq_len, iteration_flops(plan, model_cfg, train.samples_per_microbatch, seq_len))
 
 
 def check_resume_config(cfg: RunConfig, previous: Path) -> None:
@@ -334,13 +340,29 @@ def summarize(prep: Prepared, wall_s: float, end: int) -> Summary:
             predicted=prep.predicted_ops, predicted_makespan=prep.predicted_makespan_s,
             title=f"{prep.plan.method} plan, {prep.plan.n_nodes} nodes: real run vs simulator",
         )
+    mean_iter_s = sum(r["iter_s"] for r in steady) / len(steady)
     return Summary(
         run_dir=run_dir, iterations=len(recs), first_loss=recs[0]["loss"], last_loss=recs[-1]["loss"],
-        mean_iter_s=sum(r["iter_s"] for r in steady) / len(steady),
+        mean_iter_s=mean_iter_s,
         mean_makespan_plan_s=sum(r["makespan_plan_s"] for r in steady) / len(steady),
         predicted_makespan_s=prep.predicted_makespan_s, wall_s=wall_s, checkpoint=ckpt.latest(run_dir),
         timeline_png=png, records=recs,
+        throughput=measure(prep.tokens_per_iteration, prep.flops_per_iteration, mean_iter_s, *_gpus(prep)),
     )
+
+
+def _gpus(prep: Prepared) -> tuple[str | None, int]:
+    """The GPU a local run's workers use and how many of them (workers share GPUs round-robin)."""
+    spec = prep.cfg.runtime.device
+    if not spec.startswith("cuda"):
+        return None, 0
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if count == 0:
+        return None, 0
+    index = int(spec.split(":")[1]) if ":" in spec else 0
+    return torch.cuda.get_device_name(index), 1 if ":" in spec else min(count, prep.plan.n_nodes)
 
 
 def format_summary(s: Summary, emulated: bool, time_scale: float) -> str:
@@ -348,6 +370,8 @@ def format_summary(s: Summary, emulated: bool, time_scale: float) -> str:
         f"iterations      {s.iterations} (loss {s.first_loss:.4f} -> {s.last_loss:.4f})",
         f"iteration time  {s.mean_iter_s:.3f} s real (mean over iterations after the first)",
     ]
+    if s.throughput is not None:
+        lines.append(f"throughput      {s.throughput.format()}")
     if emulated:
         pred = s.predicted_makespan_s
         cmp = ""
