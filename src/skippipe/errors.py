@@ -53,6 +53,10 @@ class ClusterError(ConfigError):
     """A cluster description that cannot be used."""
 
 
+class HostFileError(ConfigError):
+    """A host file (``[runtime] hosts``) that does not place the plan's nodes on the machines started."""
+
+
 # ---------------------------------------------------------------------- runs (exit 3)
 
 
@@ -133,6 +137,19 @@ class NodeLost(RunFailed):
         self.seen_at = seen_at
         self.decided_at = decided_at
         self.drained_at = drained_at
+
+
+class DrainRequested(SkipPipeError):
+    """The launcher is asked to stop every worker at the next chance, have them hand their state
+    over and exit, so that the job goes on with a new plan (re-plan on drift, a node rejoining).
+    Raised by the launcher's ``on_poll`` hook; once drained, ``drained_at`` is set."""
+
+    def __init__(self, reason: str, payload: object = None) -> None:
+        self.reason = reason
+        self.payload = payload
+        self.requested_at = 0.0
+        self.drained_at = 0.0
+        super().__init__(reason)
 
 
 class StageLost(RunError):

@@ -85,7 +85,9 @@ def _run_locked(args: argparse.Namespace, cfg: RunConfig, run_dir: Path, lock_fd
         print(f"wrote {run_dir / 'plan.json'} and {prep.config_file}")
         return 0
     start = f"from step {prep.start_step} " if prep.start_step else ""
-    how = f"{rt.backend}, {rt.device}, {rt.wire} on the wire, {mode}"
+    tc = prep.cfg.train_config()
+    compute = tc.precision + (", activation checkpointing" if tc.activation_checkpointing else "")
+    how = f"{rt.backend}, {rt.device}, {compute}, {rt.wire} on the wire, {mode}"
     print(f"train: {plan.n_nodes} workers ({how}) {start}to step {args.until or prep.steps}")
     summary = train(prep, until=args.until, progress=not args.no_progress, lock_fd=lock_fd,
                     checkpoint_on_stop=args.checkpoint_on_stop)

@@ -22,6 +22,7 @@ from collections.abc import Iterable, Sequence
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from torch import nn
 
 from skippipe.model.config import ModelConfig
@@ -140,6 +141,7 @@ class _LayerHost(nn.Module):
         if len(set(ids)) != len(ids):
             raise ValueError(f"layer ids {ids} repeat")
         self.layer_ids = ids
+        self.checkpointing = False  # recompute each layer in the backward (``torch.utils.checkpoint``)
         self.layers = nn.ModuleDict()
         for i in ids:
             with torch.device("meta"):  # no throw-away default init, global RNG untouched
@@ -156,8 +158,10 @@ class _LayerHost(nn.Module):
         if T > self.cfg.ctx:
             raise ValueError(f"sequence of {T} tokens is longer than the model context {self.cfg.ctx}")
         cos, sin = self.rope_cos[:T], self.rope_sin[:T]
+        recompute = self.checkpointing and torch.is_grad_enabled()
         for i in self.layer_ids if order is None else order:
-            h = self.layers[str(i)](h, cos, sin)
+            block = self.layers[str(i)]
+            h = torch.utils.checkpoint.checkpoint(block, h, cos, sin, use_reentrant=False) if recompute else block(h, cos, sin)
         return h
 
 
@@ -205,9 +209,12 @@ class Stage(_LayerHost):
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
 
 
-def build_stage(cfg: ModelConfig, layer_ids: Iterable[int], first: bool) -> Stage:
-    """A node's copy of a stage, deterministically initialised (identical on every node)."""
-    return Stage(cfg, layer_ids, first)
+def build_stage(cfg: ModelConfig, layer_ids: Iterable[int], first: bool, checkpointing: bool = False) -> Stage:
+    """A node's copy of a stage, deterministically initialised (identical on every node);
+    ``checkpointing``: keep only each layer's input and recompute the layer in the backward."""
+    stage = Stage(cfg, layer_ids, first)
+    stage.checkpointing = checkpointing
+    return stage
 
 
 class Llama(_LayerHost):

@@ -91,6 +91,49 @@ class PlanSection:
         )
 
 
+DETERMINISTIC_MAX_PARAMS = 100_000_000  # larger models sum gradients with all-reduce unless `deterministic = true`
+
+
+def all_gather_bytes(stage_params: int, replicas: int) -> int:
+    """Extra device memory of the deterministic gradient sum on one node: the all-gather receives
+    every replica's fp32 gradient vector of the stage (the all-reduce sums in place: none)."""
+    return 4 * stage_params * replicas if replicas > 1 else 0
+
+
+@dataclass(frozen=True)
+class LinkEvent:
+    """An emulated change of one link mid-run: from iteration ``iteration`` (1-based) on, the hop
+    between original nodes ``link[0]`` and ``link[1]`` (both ways) takes ``1 / bandwidth_factor``
+    times as long (the plan keeps one time per hop; for activations over a WAN the bandwidth term
+    dominates it)."""
+
+    config_label: ClassVar[str] = "runtime.emulate_events"
+
+    iteration: int = field(default=1, metadata=POSITIVE)
+    link: tuple[int, ...] = field(default=(0, 1), metadata={"min": 0, "min_len": 2, "max_len": 2})
+    bandwidth_factor: float = field(default=0.5, metadata=ABOVE_ZERO)
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        if self.link[0] == self.link[1]:
+            raise invalid(self, "link", f"link must join two different nodes, got {list(self.link)}")
+
+
+@dataclass(frozen=True)
+class RejoinEvent:
+    """A node that failed starts again: it joins at the boundary before iteration ``iteration``
+    (1-based; or at the first boundary after, if it failed later), with ``node`` its id in the
+    run's first plan. It gets its stage's state from a peer, not from disk."""
+
+    config_label: ClassVar[str] = "runtime.rejoin"
+
+    iteration: int = field(default=1, metadata=POSITIVE)
+    node: int = field(default=0, metadata={"min": 0})
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+
 @dataclass(frozen=True)
 class RuntimeSection:
     config_label: ClassVar[str] = "runtime"
@@ -102,10 +145,13 @@ class RuntimeSection:
     pad_compute: bool = True  # under emulation, stretch operations to their modelled time
     # "fifo" (the simulator's rule) or "backward-first"; a plan's processing_order wins
     policy: Literal["fifo", "backward-first"] = "fifo"
-    deterministic: bool = True  # add gradients in microbatch order: bit-for-bit reproducible runs
+    # add gradients in microbatch order: bit-for-bit reproducible runs; its all-gather holds one fp32
+    # copy of the stage's gradients per stage replica. Unset: on up to DETERMINISTIC_MAX_PARAMS, else all-reduce
+    deterministic: bool | None = None
     timeout_s: float = field(default=120.0, metadata=ABOVE_ZERO)  # longest wait for any message or collective
     rendezvous_timeout_s: float = field(default=60.0, metadata=ABOVE_ZERO)  # longest wait for all workers to join
     wire: WireFormat = "bf16"  # activations/gradients on the wire: "fp32", "bf16" (1/2 the bytes), "int8" (~1/4, row scales)
+    hosts: str | None = None  # torchrun on several machines: a host file placing plan nodes (runtime/hosts.py)
     wire_error_feedback: bool = False  # int8: carry each link's rounding error into its next message
     threads_per_worker: int = field(default=1, metadata=POSITIVE)  # torch intra-op threads per worker
     master_addr: str = "127.0.0.1"  # local launch only; torchrun sets its own
@@ -114,6 +160,20 @@ class RuntimeSection:
     start_method: Literal["forkserver", "exec"] = "forkserver"
     on_failure: Literal["stop", "continue"] = "stop"  # a worker dies or goes silent: stop, or go on with the survivors
     max_failures: int = field(default=1, metadata={"min": 0})  # with on_failure = "continue": failures survived
+    # under emulation: links that change mid-run, e.g. [{iteration = 6, link = [1, 4], bandwidth_factor = 0.5}]
+    emulate_events: list[LinkEvent] = field(default_factory=list)
+    # with on_failure = "continue": when the measured makespan drifts from the plan's, plan again on the
+    # changed costs and restart the workers with the new plan at an iteration boundary
+    replan_on_drift: bool = False
+    drift_threshold: float = field(default=0.25, metadata=ABOVE_ZERO)  # relative drift that counts
+    drift_window: int = field(default=3, metadata=POSITIVE)  # iterations in a row beyond the threshold
+    max_replans: int = field(default=2, metadata={"min": 0})  # re-plans on drift in one run
+    # with on_failure = "continue": failed nodes that start again, e.g. [{iteration = 8, node = 3}]
+    rejoin: list[RejoinEvent] = field(default_factory=list)
+
+    def deterministic_for(self, model_params: int) -> bool:
+        """``deterministic`` as set, else on for models of at most ``DETERMINISTIC_MAX_PARAMS``."""
+        return self.deterministic if self.deterministic is not None else model_params <= DETERMINISTIC_MAX_PARAMS
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -171,7 +231,8 @@ def _resolve_paths(cfg: RunConfig, base: Path) -> RunConfig:
         value = train.get(key)
         if isinstance(value, str) and (key == "data" or value.endswith(".json")):
             train[key] = fix(value)
-    return replace(cfg, plan=replace(plan, file=fix(plan.file), cluster=cluster), train=train)
+    runtime = replace(cfg.runtime, hosts=fix(cfg.runtime.hosts))
+    return replace(cfg, plan=replace(plan, file=fix(plan.file), cluster=cluster), train=train, runtime=runtime)
 
 
 DEFAULT_RUN_CONFIG = "train-tiny.toml"  # in skippipe/resources/examples, also examples/train-tiny.toml

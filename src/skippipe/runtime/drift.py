@@ -70,6 +70,16 @@ class DriftMonitor:
             self.on_drift(event)
         return event
 
+    def rebase(self, predicted_s: float, after_iteration: int) -> None:
+        """Judge against a new plan's prediction from now on (after a recovery or a re-plan that
+        went on from step ``after_iteration``); the redone first iteration pays for the restart."""
+        if not (predicted_s > 0 and math.isfinite(predicted_s)):
+            raise ValueError(f"drift: predicted makespan must be a positive number, got {predicted_s}")
+        self.predicted_s = predicted_s
+        self._recent.clear()
+        self._last = after_iteration
+        self.skip = after_iteration + 1
+
     def observe_records(self, records: Iterable[dict[str, Any]]) -> list[DriftEvent]:
         """Metrics records (``iteration``, ``makespan_plan_s``) in order; the events they raise."""
         found = []

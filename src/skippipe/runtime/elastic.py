@@ -172,18 +172,25 @@ def fresh_round_dir(run_dir: Path, index: int) -> Path:
     return folder
 
 
-def measure(run_dir: Path, failures: list[Failure], start_step: int) -> None:
+def measure(run_dir: Path, failures: list[Failure], start_step: int, other_rounds: list[int] | None = None) -> None:
     """Fill in the measured figures of every failure from ``metrics.jsonl``: mean makespan and
     iteration time of the rounds before and after (each round's first iteration left out, it
-    pays for the start), and the restart time (new round started -> its first iteration done)."""
+    pays for the start), and the restart time (new round started -> its first iteration done).
+    ``other_rounds``: the steps other rounds started from (re-plans, rejoins), which end a window."""
     recs = read_metrics(run_dir)
-    bounds = [start_step] + [f.recovery_step for f in failures] + [max((int(r["iteration"]) for r in recs), default=0)]
+    end = max((int(r["iteration"]) for r in recs), default=0)
+    cuts = sorted({start_step, end, *(f.recovery_step for f in failures), *(other_rounds or [])})
 
     def window(lo: int, hi: int) -> list[dict[str, Any]]:
         return [r for r in recs if lo + 1 < int(r["iteration"]) <= hi]
 
-    for k, f in enumerate(failures):
-        pre, post = window(bounds[k], bounds[k + 1]), window(bounds[k + 1], bounds[k + 2])
+    def around(step: int) -> tuple[int, int]:
+        k = cuts.index(step)
+        return cuts[max(k - 1, 0)], cuts[min(k + 1, len(cuts) - 1)]
+
+    for f in failures:
+        lo, hi = around(f.recovery_step)
+        pre, post = window(lo, f.recovery_step), window(f.recovery_step, hi)
         f.makespan_before_s, f.iter_before_s = _means(pre)
         f.makespan_after_s, f.iter_after_s = _means(post)
         first = [r for r in recs if int(r["iteration"]) == f.recovery_step + 1]

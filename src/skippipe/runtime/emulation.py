@@ -6,6 +6,10 @@
   backward ``backward_factor`` x that, loss ``loss_factor`` x that) times ``time_scale``, and the
   node then idles the plan's ``inject_gap_s`` after an injection or ``op_gap_s`` after any other
   operation, as the simulator assumes.
+- Link events (``[runtime] emulate_events``): from a given iteration on, one link's hop takes
+  ``1 / bandwidth_factor`` times as long. Events name the run's original node ids; those already
+  folded into the plan's costs by a re-plan (``plan.meta["emulation"]["folded"]``) are not
+  applied again, and those naming a node that is gone are dropped.
 
 Off (``enabled = False``) on real clusters: no delays, no padding. Torch-free.
 """
@@ -13,9 +17,53 @@ Off (``enabled = False``) on real clusters: no delays, no padding. Torch-free.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
 
 from skippipe.planfile import Costs, Plan
+from skippipe.planner.shrink import original_nodes
+
+
+@dataclass(frozen=True)
+class LinkChange:
+    """A link event in the plan's node ids: from ``iteration`` (1-based) on, ``a`` <-> ``b`` hops
+    take ``1 / factor`` times as long. ``index``: its place in ``[runtime] emulate_events``."""
+
+    index: int
+    iteration: int
+    a: int
+    b: int
+    factor: float
+
+
+def folded_events(plan: Plan) -> list[int]:
+    """Indices of the link events whose change the plan's costs already hold (a re-plan folded them in)."""
+    emu = plan.meta.get("emulation")
+    return [int(i) for i in emu.get("folded", [])] if isinstance(emu, dict) else []
+
+
+def link_changes(plan: Plan, events: Sequence[object]) -> list[LinkChange]:
+    """The events (``config.LinkEvent``s) not yet in the plan's costs, in the plan's node ids."""
+    local = {orig: new for new, orig in enumerate(original_nodes(plan))}
+    done = set(folded_events(plan))
+    out = []
+    for i, e in enumerate(events):
+        a, b = (int(x) for x in e.link)
+        if i not in done and a in local and b in local:
+            out.append(LinkChange(i, int(e.iteration), local[a], local[b], float(e.bandwidth_factor)))
+    return out
+
+
+def changed_transfer(transfer_s: np.ndarray, changes: Sequence[LinkChange], iteration: int) -> np.ndarray:
+    """``transfer_s`` with every change due by ``iteration`` (1-based) applied, both directions."""
+    out = np.array(transfer_s, dtype=float)
+    for c in changes:
+        if c.iteration <= iteration:
+            out[c.a, c.b] /= c.factor
+            out[c.b, c.a] /= c.factor
+    return out
 
 
 @dataclass(frozen=True)
@@ -23,11 +71,25 @@ class Emulation:
     enabled: bool
     time_scale: float
     pad_compute: bool
-    costs: Costs
+    costs: Costs  # the costs emulated in the current iteration
+    changes: tuple[LinkChange, ...] = ()
+    base: Costs | None = None  # the plan's costs (before any change)
+    due: int = 0  # how many changes ``costs`` holds
 
     @classmethod
-    def from_plan(cls, plan: Plan, enabled: bool, time_scale: float, pad_compute: bool = True) -> Emulation:
-        return cls(enabled=enabled, time_scale=time_scale, pad_compute=pad_compute, costs=plan.costs)
+    def from_plan(cls, plan: Plan, enabled: bool, time_scale: float, pad_compute: bool = True,
+                  events: Sequence[object] = ()) -> Emulation:
+        changes = tuple(link_changes(plan, events)) if enabled else ()
+        return cls(enabled=enabled, time_scale=time_scale, pad_compute=pad_compute, costs=plan.costs, changes=changes,
+                   base=plan.costs)
+
+    def at_iteration(self, iteration: int) -> Emulation:
+        """The emulation of iteration ``iteration`` (1-based): the link changes due by then applied."""
+        due = sum(1 for c in self.changes if c.iteration <= iteration)
+        if due == self.due or self.base is None:
+            return self
+        costs = replace(self.base, transfer_s=changed_transfer(self.base.transfer_s, self.changes, iteration))
+        return replace(self, costs=costs, due=due)
 
     def link_delay_s(self, src: int, dst: int) -> float:
         """Real seconds a message from ``src`` to ``dst`` is held before delivery."""

@@ -33,9 +33,13 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
 
 from skippipe.errors import BadMessage, MessageTimeout, PeerLost, RunInterrupted, UserError, signal_name
 from skippipe.planfile import Plan
+
+if TYPE_CHECKING:
+    from skippipe.runtime.process_group import Env
 from skippipe.runtime.faults import (
     EXIT_OK,
     EXIT_RUN,
@@ -139,7 +143,7 @@ def _install_recovery_handler() -> None:
     def handler(signum: int, frame: FrameType | None) -> None:
         if not fired["done"]:
             fired["done"] = True
-            raise PeerLost(None, "the launcher stopped this worker for recovery (another node failed)")
+            raise PeerLost(None, "the launcher stopped this worker to go on with a new plan (a node failed, or a re-plan)")
 
     signal.signal(RECOVERY_SIGNAL, handler)
 
@@ -183,6 +187,7 @@ def _run(args: WorkerArgs, stop: StopRequest) -> int:
     from skippipe.planfile import load_plan
     from skippipe.runtime import checkpoint as ckpt
     from skippipe.runtime import process_group as pg
+    from skippipe.runtime import rejoin
     from skippipe.runtime.config import load_run_config
     from skippipe.runtime.emulation import Emulation
     from skippipe.runtime.handoff import hand_off, handoff_dir
@@ -205,13 +210,17 @@ def _run(args: WorkerArgs, stop: StopRequest) -> int:
     model_cfg = train_cfg.model_config(data.vocab_size)
     check_plan_fits(plan, env.world_size, model_cfg.n_layers)
     device = pg.device_for(rt.device, env.local_rank)
+    gpu = None if rt.hosts is None else place_on_host(rt.hosts, plan.n_nodes, env, device.type == "cuda")
+    if gpu is not None and rt.device == "cuda":
+        device = torch.device(f"cuda:{gpu}")
     if device.type == "cuda":
         torch.cuda.set_device(device)
 
     t1 = time.monotonic()
     hosted_store = pg.init(env, rt.timeout_s, rt.rendezvous_timeout_s)
     t2 = time.monotonic()
-    groups = pg.make_groups(plan.stages, env.rank, rt.backend)
+    routes = [[mb.data_node, *mb.path] for mb in plan.microbatches]
+    groups = pg.make_groups(plan.stages, env.rank, rt.backend, pg.link_pairs(routes))
     pg.agree(json.dumps(plan.to_dict(), sort_keys=True), "plan", rt.timeout_s)
     pg.agree(json.dumps(cfg.to_dict(), sort_keys=True), "config", rt.timeout_s)
     _log(f"pid {os.getpid()}, set up in {t1 - t0:.1f} s, joined {env.world_size} workers in {t2 - t1:.1f} s, "
@@ -219,13 +228,16 @@ def _run(args: WorkerArgs, stop: StopRequest) -> int:
 
     start, losses = 0, []
     found = None
-    if args.resume:
+    node = env.rank
+    joining = rejoin.joiners()
+    if args.resume and node not in joining:  # a joiner reads nothing from disk: its state comes from a peer
         found = ckpt.latest(run_dir)
         if found is None:
             raise UserError(f"--resume: {run_dir} holds no checkpoint")
         info = ckpt.verify(found, plan)
         start, losses = info.step, list(info.losses)
-    node = env.rank
+    if joining:
+        start, losses = rejoin.share_position(start, losses, joining)
     is_data = node in plan.stages[0]
     metrics = None
     if node == 0:
@@ -233,8 +245,9 @@ def _run(args: WorkerArgs, stop: StopRequest) -> int:
         metrics = MetricsWriter(run_dir)
     setup = WorkerSetup(
         plan=plan, node=node, groups=groups, train_cfg=train_cfg, model_cfg=model_cfg, device=device,
-        emulation=Emulation.from_plan(plan, rt.emulate, rt.time_scale, rt.pad_compute), policy=rt.policy,
-        timeout_s=rt.timeout_s, deterministic=rt.deterministic, run_dir=run_dir, tokens=data.train if is_data else None,
+        emulation=Emulation.from_plan(plan, rt.emulate, rt.time_scale, rt.pad_compute, rt.emulate_events), policy=rt.policy,
+        timeout_s=rt.timeout_s, deterministic=rt.deterministic_for(model_cfg.num_params()), run_dir=run_dir,
+        tokens=data.train if is_data else None,
         tokenizer=data.tokenizer if node == 0 else None,
         checkpoint_every=cfg.run.checkpoint_every, keep_checkpoints=cfg.run.keep_checkpoints,
         metrics=metrics, log_every=cfg.run.log_every, timeline_iteration=cfg.run.timeline_iteration, stop=stop,
@@ -244,7 +257,11 @@ def _run(args: WorkerArgs, stop: StopRequest) -> int:
     worker = Worker(setup)
     if found is not None:
         worker.load_checkpoint(found)
-        worker.losses_so_far = losses
+    worker.losses_so_far = losses
+    if joining:
+        line = rejoin.share_stage_state(worker.stage, worker.optimizer, groups.stage, groups.stage_ranks, joining)
+        if line:
+            _log(line)
     try:
         stop.deferred = True
         try:
@@ -266,6 +283,22 @@ def _run(args: WorkerArgs, stop: StopRequest) -> int:
             metrics.close()
         del hosted_store  # a store this rank hosted lives until the end
     return EXIT_OK
+
+
+def place_on_host(path: str, n_nodes: int, env: Env, cuda: bool) -> int | None:
+    """Check the host file; under torchrun, join as the plan node it gives this worker (``RANK``).
+    Returns the worker's GPU index on its machine (None: not under torchrun, or no GPU)."""
+    from skippipe.runtime.hosts import check_hosts, load_hosts, torchrun_placement
+
+    hosts = load_hosts(path)
+    check_hosts(hosts, n_nodes, path, cuda=cuda)
+    if not env.torchrun:
+        return None
+    placement = torchrun_placement(hosts, path, dict(os.environ))
+    env.rank = placement.node
+    os.environ["RANK"] = str(placement.node)  # torch's env:// rendezvous reads it
+    _log(f"host {placement.host!r}: plan node {placement.node}" + ("" if placement.gpu is None else f", GPU {placement.gpu}"))
+    return placement.gpu
 
 
 def check_plan_fits(plan: Plan, world_size: int, n_layers: int) -> None:

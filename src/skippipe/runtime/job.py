@@ -17,13 +17,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from skippipe.errors import NodeLost, PlanCannotFinish, ResumeMismatch, RunFailed, StageLost, UserError
+from skippipe.errors import DrainRequested, NodeLost, PlanCannotFinish, ResumeMismatch, RunFailed, StageLost, UserError
 from skippipe.fileio import atomic_write_text
 from skippipe.planfile import Plan, load_plan, save_plan
 from skippipe.runtime import checkpoint as ckpt
 from skippipe.runtime import runfolder
 from skippipe.runtime.config import RunConfig
 from skippipe.runtime.metrics import METRICS_FILE, read_metrics
+from skippipe.runtime.throughput import Throughput, iteration_flops, measure
 
 # what a resumed run may change: how long, how often to record, how to run; never what is trained
 RESUMABLE = {"train": ("steps",), "run": None, "runtime": None}
@@ -40,6 +41,8 @@ class Prepared:
     predicted_makespan_s: float | None  # simulator, plan seconds
     predicted_ops: list[Any] | None = None
     vocab_note: str | None = None  # one line when the tokenizer changes the model preset's vocabulary
+    tokens_per_iteration: int = 0
+    flops_per_iteration: float = 0.0  # model FLOPs of one iteration (throughput.iteration_flops)
 
 
 @dataclass
@@ -57,6 +60,8 @@ class Summary:
     records: list[dict[str, Any]] = field(default_factory=list)
     drift: list[Any] = field(default_factory=list)  # DriftEvents: measured makespan away from the prediction
     failures: list[Any] = field(default_factory=list)  # elastic.Failure, one per failure survived
+    replans: list[Any] = field(default_factory=list)  # adapt.Replan, one per re-plan on drift
+    throughput: Throughput | None = None  # tokens/s, and utilisation on GPUs
 
 
 def build_plan(cfg: RunConfig, model_cfg: Any, seq_len: int) -> Plan:
@@ -126,7 +131,9 @@ def prepare(cfg: RunConfig, run_dir: Path, resume: bool = False, fresh: bool = F
     config_file = run_dir / "config.json"
     atomic_write_text(config_file, json.dumps(cfg.to_dict(), indent=1) + "\n")
     predicted, ops = res.makespan_s, res.ops
-    return Prepared(cfg, run_dir, plan, config_file, start, train.steps, predicted, ops, train.vocab_note(data.vocab_size))
+    samples = len(plan.microbatches) * train.samples_per_microbatch
+    return Prepared(cfg, run_dir, plan, config_file, start, train.steps, predicted, ops, train.vocab_note(data.vocab_size),
+                    samples * seq_len, iteration_flops(plan, model_cfg, train.samples_per_microbatch, seq_len))
 
 
 def check_resume_config(cfg: RunConfig, previous: Path) -> None:
@@ -169,8 +176,19 @@ def train(prep: Prepared, until: int | None = None, progress: bool = True, drift
     bar = tqdm(total=end - prep.start_step, desc="train", unit="it", disable=not progress, dynamic_ncols=True)
     seen: dict[str, Any] = {}
     path = run_dir / METRICS_FILE
+    pending: list[Any] = []  # a drift the launcher should re-plan for
+    replan = rt.replan_on_drift and rt.on_failure == "continue"
+
+    def on_drift(event: Any) -> None:
+        tqdm.write(f"drift: {event.describe()}", file=sys.stderr)
+        if replan and seen.get("active") and len(replans) < rt.max_replans:
+            pending.append(event)
+
+    from skippipe.runtime.adapt import RejoinWatch
+
+    watch = RejoinWatch(rt.rejoin) if rt.on_failure == "continue" and rt.rejoin else None
     if drift is None and prep.predicted_makespan_s:
-        drift = DriftMonitor(prep.predicted_makespan_s, on_drift=lambda e: tqdm.write(f"drift: {e.describe()}", file=sys.stderr))
+        drift = DriftMonitor(prep.predicted_makespan_s, threshold=rt.drift_threshold, window=rt.drift_window, on_drift=on_drift)
 
     def poll() -> bool:
         if not path.is_file():
@@ -185,11 +203,20 @@ def train(prep: Prepared, until: int | None = None, progress: bool = True, drift
         bar.update(max(0, int(last["iteration"]) - prep.start_step) - bar.n)  # goes back after a recovery
         if drift is not None:
             drift.observe_records(new)
+        if watch is not None and seen.get("active") and watch.left:
+            node = watch.due(int(last["iteration"]), load_plan(run_dir / "plan.json"))
+            if node is not None:
+                raise DrainRequested(f"node {node} rejoins after iteration {last['iteration']}", node)
+        if pending:
+            event = pending.pop()
+            pending.clear()
+            raise DrainRequested(f"drift at iteration {event.iteration} (measured/plan {event.ratio:.2f})", event)
         return True
 
     t0 = time.monotonic()
     stall = rt.timeout_s + rt.rendezvous_timeout_s + 120.0
     failures: list[Any] = []
+    replans: list[Any] = []
 
     def launch(n_nodes: int, worker_args: WorkerArgs, **extra: Any) -> None:
         launch_local(
@@ -200,10 +227,12 @@ def train(prep: Prepared, until: int | None = None, progress: bool = True, drift
         )
 
     try:
+        seen["active"] = True
         if rt.on_failure == "continue":
-            prep, failures = _train_elastic(prep, args, launch)
+            prep, failures = _train_elastic(prep, args, launch, drift, replans)
         else:
             launch(prep.plan.n_nodes, args)
+        seen["active"] = False
         poll()
     finally:
         bar.close()
@@ -211,41 +240,67 @@ def train(prep: Prepared, until: int | None = None, progress: bool = True, drift
     summary = summarize(prep, wall, end)
     summary.drift = list(drift.events) if drift is not None else []
     summary.failures = failures
+    summary.replans = replans
     return summary
 
 
-def _train_elastic(prep: Prepared, args: Any, launch: Callable[..., None]) -> tuple[Prepared, list[Any]]:
+def _train_elastic(prep: Prepared, args: Any, launch: Callable[..., None], drift: Any,
+                   replans: list[Any]) -> tuple[Prepared, list[Any]]:
     """Rounds of ``launch`` (``elastic.py``): after each node failure, the survivors' state, a
-    plan for them and a new round, up to ``[runtime] max_failures`` times. Returns ``prep`` for
-    the final plan and the failures."""
+    plan for them and a new round, up to ``[runtime] max_failures`` times; after a drift the
+    launcher asked to drain (``DrainRequested``), a new plan on the changed costs
+    (``adapt.py``), appended to ``replans``. Returns ``prep`` for the final plan and the failures."""
+    from skippipe.planner.shrink import original_nodes
+    from skippipe.runtime import adapt as A
     from skippipe.runtime import elastic as E
     from skippipe.runtime.handoff import HANDOFF_ENV
     from skippipe.sim import simulate
 
     rt, run_dir = prep.cfg.runtime, prep.run_dir
     plan, failures = prep.plan, []
+    keep, meta = prep.cfg.run.keep_checkpoints, _checkpoint_meta(prep.cfg)
+    first = run_dir / "elastic" / A.FIRST_PLAN
+    if not first.is_file():
+        save_plan(plan, first)
+    joiners: dict[str, str] = {}
     while True:
-        folder = E.fresh_round_dir(run_dir, len(failures))
+        round_index = len(failures) + len(replans)
+        folder = E.fresh_round_dir(run_dir, round_index)
         try:
-            launch(plan.n_nodes, args, drain_s=rt.timeout_s + 30.0, extra_env={HANDOFF_ENV: str(folder)})
+            launch(plan.n_nodes, args, drain_s=rt.timeout_s + 30.0, extra_env={HANDOFF_ENV: str(folder), **joiners})
             break
         except NodeLost as lost:
             if len(failures) >= rt.max_failures:
                 E.write_report(run_dir, failures, finished=False)
                 raise RunFailed(f"{lost} ([runtime] max_failures = {rt.max_failures} reached)", lost.node, lost.kind) from None
             try:
-                plan, fail = E.recover(run_dir, plan, lost, len(failures), prep.cfg.run.keep_checkpoints,
-                                       _checkpoint_meta(prep.cfg))
+                plan, fail = E.recover(run_dir, plan, lost, round_index, keep, meta)
             except StageLost as exc:
                 E.write_report(run_dir, failures, finished=False)
                 raise RunFailed(f"{lost}; {exc}", lost.node, "stage_lost") from None
             failures.append(fail)
             E.write_report(run_dir, failures, finished=False)
-            args = replace(args, resume=True, plan=str(run_dir / "plan.json"))
-            fail.restarted_at = time.time()
-    E.measure(run_dir, failures, prep.start_step)
+            step, restarted = fail.recovery_step, fail
+        except DrainRequested as request:
+            plan, record = A.replan_after_drain(run_dir, plan, request, round_index, keep, meta, rt.emulate_events,
+                                                prep.cfg.plan.method, prep.cfg.plan.seed)
+            replans.append(record)
+            A.write_report(run_dir, replans)
+            step, restarted = record.recovery_step, record
+        joiners = {}
+        if isinstance(restarted, A.Replan) and restarted.joined is not None:  # it takes its state from a peer
+            joiners = {A.JOINERS_ENV: str(original_nodes(plan).index(restarted.joined))}
+        args = replace(args, resume=True, plan=str(run_dir / "plan.json"))
+        res = simulate(plan, bound=False)
+        if drift is not None and res.finished:  # judge the new plan by its own prediction
+            drift.rebase(res.makespan_s, step)
+        restarted.restarted_at = time.time()
+    E.measure(run_dir, failures, prep.start_step, [r.recovery_step for r in replans])
     E.write_report(run_dir, failures, finished=True)
-    if failures:
+    if replans:
+        A.measure(run_dir, replans)
+        A.write_report(run_dir, replans)
+    if failures or replans:
         res = simulate(plan, bound=False)
         prep = replace(prep, plan=plan, predicted_makespan_s=res.makespan_s if res.finished else None, predicted_ops=res.ops)
     return prep, failures
@@ -285,13 +340,29 @@ def summarize(prep: Prepared, wall_s: float, end: int) -> Summary:
             predicted=prep.predicted_ops, predicted_makespan=prep.predicted_makespan_s,
             title=f"{prep.plan.method} plan, {prep.plan.n_nodes} nodes: real run vs simulator",
         )
+    mean_iter_s = sum(r["iter_s"] for r in steady) / len(steady)
     return Summary(
         run_dir=run_dir, iterations=len(recs), first_loss=recs[0]["loss"], last_loss=recs[-1]["loss"],
-        mean_iter_s=sum(r["iter_s"] for r in steady) / len(steady),
+        mean_iter_s=mean_iter_s,
         mean_makespan_plan_s=sum(r["makespan_plan_s"] for r in steady) / len(steady),
         predicted_makespan_s=prep.predicted_makespan_s, wall_s=wall_s, checkpoint=ckpt.latest(run_dir),
         timeline_png=png, records=recs,
+        throughput=measure(prep.tokens_per_iteration, prep.flops_per_iteration, mean_iter_s, *_gpus(prep)),
     )
+
+
+def _gpus(prep: Prepared) -> tuple[str | None, int]:
+    """The GPU a local run's workers use and how many of them (workers share GPUs round-robin)."""
+    spec = prep.cfg.runtime.device
+    if not spec.startswith("cuda"):
+        return None, 0
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if count == 0:
+        return None, 0
+    index = int(spec.split(":")[1]) if ":" in spec else 0
+    return torch.cuda.get_device_name(index), 1 if ":" in spec else min(count, prep.plan.n_nodes)
 
 
 def format_summary(s: Summary, emulated: bool, time_scale: float) -> str:
@@ -299,6 +370,8 @@ def format_summary(s: Summary, emulated: bool, time_scale: float) -> str:
         f"iterations      {s.iterations} (loss {s.first_loss:.4f} -> {s.last_loss:.4f})",
         f"iteration time  {s.mean_iter_s:.3f} s real (mean over iterations after the first)",
     ]
+    if s.throughput is not None:
+        lines.append(f"throughput      {s.throughput.format()}")
     if emulated:
         pred = s.predicted_makespan_s
         cmp = ""
@@ -317,4 +390,9 @@ def format_summary(s: Summary, emulated: bool, time_scale: float) -> str:
 
         lines += format_failures(s.failures)
         lines.append(f"failures        {s.run_dir / REPORT}")
+    if s.replans:
+        from skippipe.runtime import adapt
+
+        lines += adapt.format_replans(s.replans)
+        lines.append(f"re-plans        {s.run_dir / adapt.REPORT}")
     return "\n".join(lines)

@@ -39,7 +39,7 @@ from multiprocessing.process import BaseProcess
 from pathlib import Path
 from types import FrameType
 
-from skippipe.errors import NodeLost, RunFailed, RunInterrupted, UserError, signal_name
+from skippipe.errors import DrainRequested, NodeLost, RunFailed, RunInterrupted, UserError, signal_name
 from skippipe.fileio import atomic_write_text
 from skippipe.runtime.entry import LIFELINE_ENV, WorkerArgs
 from skippipe.runtime.faults import RECOVERABLE, RECOVERY_SIGNAL, STATUS_ENV, Ended, Verdict, read_status, verdict
@@ -258,7 +258,8 @@ def launch_local(
     on SIGINT/SIGTERM (after the workers stopped, waiting up to ``stop_grace_s``). ``lock_fd``:
     the run folder's lock (``runfolder.RunLock``), shared with every worker. ``drain_s`` (elastic
     recovery): when one node died or went silent, it is killed, the others get up to ``drain_s``
-    to hand their state over and exit, and ``NodeLost`` names the node.
+    to hand their state over and exit, and ``NodeLost`` names the node; ``DrainRequested`` raised by
+    ``on_poll`` drains every worker the same way and is raised on.
 
     ``start_method``: ``"forkserver"`` (default) forks every worker from a server process that
     has imported torch once — seconds instead of tens of seconds for 20 workers on a small
@@ -339,8 +340,18 @@ def _supervise(workers: list[WorkerProc], stall_s: float, on_poll: Callable[[], 
             raise RunFailed(found.message, node=found.node, kind=found.kind.value, exit_code=found.exit_code)
         if len(finished) == len(workers):
             return
-        if on_poll is not None and on_poll():
-            last_progress = time.monotonic()
+        try:
+            if on_poll is not None and on_poll():
+                last_progress = time.monotonic()
+        except DrainRequested as request:
+            if drain_s is None:
+                raise
+            request.requested_at = time.time()
+            _signal_all(workers, RECOVERY_SIGNAL)
+            _wait_all(workers, drain_s)
+            request.drained_at = time.time()
+            raise
+
         if time.monotonic() - last_progress > stall_s:
             _terminate(workers)
             raise RunFailed(f"no progress for {stall_s:.0f} s; stopped all {len(workers)} workers (logs in {logs})", kind="stall")

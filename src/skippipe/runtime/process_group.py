@@ -13,19 +13,29 @@ retry warnings. Library errors in collectives become typed faults (``communicati
 
 Groups: the default group (barriers, loss/norm all-reduce), a gloo group for message headers
 (received from any peer), the payload group (the same gloo group, or NCCL for CUDA tensors) and
-one group per stage for gradient averaging.
+one group per stage for gradient averaging (on the payload backend: NCCL syncs gradients on the GPU).
+
+Directed links (always with NCCL): NCCL runs a communicator's operations in order on one CUDA
+stream, and a send waits for its matching receive. If node A's sender thread and node B's sender
+thread both send a large tensor to each other on one communicator, each receive is queued behind
+that node's own send and neither send ever completes. So every ordered pair (src, dst) that
+exchanges messages in the plan gets its own two-rank group, carrying payloads from src to dst
+only: on each communicator one side only sends and the other only receives, in the order the
+headers arrived (messages between one pair are FIFO), so nothing can wait on itself.
+``link_pairs`` lists the pairs, ``Groups.payload_for(src, dst)`` picks the group.
 """
 
 from __future__ import annotations
 
 import datetime
 import hashlib
+import itertools
 import os
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -173,10 +183,31 @@ class Groups:
     payload: dist.ProcessGroup  # gloo or NCCL, point-to-point tensors
     stage: dist.ProcessGroup | None  # this node's stage group (None: the stage has one node)
     stage_ranks: list[int]
+    links: dict[tuple[int, int], dist.ProcessGroup] = field(default_factory=dict)  # (src, dst) -> its own group
+
+    def payload_for(self, src: int, dst: int) -> dist.ProcessGroup:
+        """The group that carries payloads from ``src`` to ``dst``."""
+        return self.links.get((src, dst), self.payload)
 
 
-def make_groups(stages: list[list[int]], rank: int, backend: str) -> Groups:
-    """Every rank creates every group, in the same order (torch.distributed's rule)."""
+def link_pairs(routes: Iterable[Sequence[int]]) -> list[tuple[int, int]]:
+    """Every ordered pair (src, dst) that carries a message, sorted: each route (data node, path...)
+    sends activations along it and back to its data node, and gradients the other way."""
+    pairs: set[tuple[int, int]] = set()
+    for route in routes:
+        if len(route) < 2:
+            continue
+        ring = list(route) + [route[0]]
+        for a, b in itertools.pairwise(ring):
+            pairs.update({(a, b), (b, a)})
+    return sorted(pairs)
+
+
+def make_groups(
+    stages: list[list[int]], rank: int, backend: str, links: Sequence[tuple[int, int]] = (), directed: bool | None = None,
+) -> Groups:
+    """Every rank creates every group, in the same order (torch.distributed's rule). ``links``
+    (``link_pairs``) get one group per direction when ``directed`` (default: with NCCL)."""
     world = dist.group.WORLD
     header = dist.new_group(backend="gloo")
     payload = dist.new_group(backend="nccl") if backend == "nccl" else header
@@ -184,10 +215,15 @@ def make_groups(stages: list[list[int]], rank: int, backend: str) -> Groups:
     my_ranks: list[int] = []
     for nodes in stages:
         ranks = sorted(nodes)
-        g = dist.new_group(ranks=ranks, backend="gloo") if len(ranks) > 1 else None
+        g = dist.new_group(ranks=ranks, backend=backend) if len(ranks) > 1 else None
         if rank in ranks:
             mine, my_ranks = g, ranks
-    return Groups(world=world, header=header, payload=payload, stage=mine, stage_ranks=my_ranks)
+    own: dict[tuple[int, int], dist.ProcessGroup] = {}
+    for src, dst in links if (backend == "nccl" if directed is None else directed) else ():
+        g = dist.new_group(ranks=sorted((src, dst)), backend=backend)
+        if rank in (src, dst):
+            own[(src, dst)] = g
+    return Groups(world=world, header=header, payload=payload, stage=mine, stage_ranks=my_ranks, links=own)
 
 
 def agree(text: str, what: str, timeout_s: float) -> None:

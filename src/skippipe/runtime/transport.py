@@ -13,7 +13,8 @@ header against ``MessageBounds`` (what the plan says a message of this run can b
 microbatch ids, one activation shape, a few float dtypes) *before* it allocates anything, then
 takes the payload from the peer that sent that header; messages between one pair of workers
 arrive in order. Headers always travel on a gloo group; payloads travel on the payload group
-(gloo with CPU tensors, or NCCL with CUDA tensors). A sender thread delivers each message at
+(gloo with CPU tensors, or NCCL with CUDA tensors), or on the pair's own directed group when
+``links`` has one (always with NCCL: see ``process_group`` for the deadlock this avoids). A sender thread delivers each message at
 its due time (``emulation.LinkDelays``), so a slow emulated link never blocks compute.
 
 Every wait has a timeout. Failures are typed (``skippipe.errors``): ``PeerLost(peer)`` when a
@@ -149,10 +150,12 @@ class Transport:
         bounds: MessageBounds | None = None,
         wire: str = "fp32",
         error_feedback: bool = False,
+        links: dict[tuple[int, int], dist.ProcessGroup] | None = None,
     ) -> None:
         self.rank = rank
         self.header_group = header_group
         self.payload_group = payload_group
+        self.links = links or {}  # (src, dst) -> the group for payloads src -> dst (process_group.make_groups)
         self.device = device
         self.payload_on_cpu = dist.get_backend(payload_group) == "gloo"
         self.timeout = datetime.timedelta(seconds=timeout_s)
@@ -223,7 +226,7 @@ class Transport:
                 payload = payload.contiguous()
                 payload = payload.cpu() if self.payload_on_cpu else payload.to(self.device)
                 dist.send(header, dst, group=self.header_group, tag=HEADER_TAG)
-                dist.send(payload, dst, group=self.payload_group, tag=PAYLOAD_TAG)
+                dist.send(payload, dst, group=self.links.get((self.rank, dst), self.payload_group), tag=PAYLOAD_TAG)
                 if self.on_sent is not None:
                     self.on_sent(dst, msg, handed_over, time.time())
                 with self._cond:
@@ -274,7 +277,7 @@ class Transport:
                 device = torch.device("cpu") if self.payload_on_cpu else self.device
                 p_dtype, p_shape = payload_of(dtype, shape, wire)
                 t = torch.empty(p_shape, dtype=p_dtype, device=device)
-                work = dist.irecv(t, src=src, group=self.payload_group, tag=PAYLOAD_TAG)
+                work = dist.irecv(t, src=src, group=self.links.get((src, self.rank), self.payload_group), tag=PAYLOAD_TAG)
                 self._wait(work, src, "payload")
                 if dtype.is_floating_point:
                     t = decode(t, wire, shape).to(dtype)

@@ -129,8 +129,9 @@ class Worker:
         self.s = setup
         plan = setup.plan
         self.node = setup.node
-        self.stage_index = plan.stage_of()[self.node]
-        self.stage = build_stage(setup.model_cfg, plan.layers[self.stage_index], first=self.stage_index == 0).to(setup.device)
+        self.stage_index = s = plan.stage_of()[self.node]
+        recompute = setup.train_cfg.activation_checkpointing
+        self.stage = build_stage(setup.model_cfg, plan.layers[s], s == 0, recompute).to(setup.device)
         self.optimizer = make_optimizer(self.stage, setup.train_cfg)
         self.divisor = G.grad_divisor(plan, self.stage_index, setup.train_cfg.grad_divisor)
         self.own, self.visiting = node_work(plan, self.node)
@@ -155,7 +156,7 @@ class Worker:
             device=setup.device,
             timeout_s=setup.timeout_s,
             delay=lambda dst: setup.emulation.link_delay_s(self.node, dst),
-            bounds=bounds, wire=setup.wire, error_feedback=setup.wire_error_feedback,
+            bounds=bounds, wire=setup.wire, error_feedback=setup.wire_error_feedback, links=setup.groups.links,
         )
 
     # ------------------------------------------------------------------ one iteration
@@ -174,6 +175,7 @@ class Worker:
     def iteration(self, it: int) -> IterationStats:
         """Run iteration ``it`` (0-based) of the plan on this node, then step."""
         sched = NodeSchedule(self.s.plan, self.node, self.s.policy)
+        self.s.emulation = self.s.emulation.at_iteration(it + 1)  # link events due by now
         if self.accumulator is not None:
             self.accumulator.reset()
         self.transport.expect(self.n_messages)
@@ -252,7 +254,7 @@ class Worker:
                 x, state.targets[mb] = self._batch(mb, state.it)
             else:
                 x = inputs.pop(("F", mb))
-            state.saved[mb] = forward_op(self.stage, x)
+            state.saved[mb] = forward_op(self.stage, x, self.s.train_cfg.precision)
             out = state.saved[mb].output.detach()
             if hop.next is None:  # empty path: the activations stay here for the loss
                 inputs[("L", mb)] = out
@@ -261,7 +263,7 @@ class Worker:
                 outbox.append((hop.next, Message(state.it, mb, FORWARD, out)))
         elif kind == "L":
             h, y = inputs.pop(("L", mb)), state.targets.pop(mb)
-            state.losses[mb], grad = self._backward(mb, lambda: loss_op(self.stage, h, y), last=False)
+            state.losses[mb], grad = self._backward(mb, lambda: loss_op(self.stage, h, y, self.s.train_cfg.precision), last=False)
             if hop.prev is None:
                 inputs[("B", mb)] = grad
                 local.append("B")

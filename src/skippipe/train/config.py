@@ -28,6 +28,7 @@ from skippipe.model.config import ModelConfig, model_config_from_dict
 
 Corpus = Literal["shakespeare", "bible"]
 GradDivisor = Literal["visits", "microbatches", "reference"]  # see skippipe.train.grads
+Precision = Literal["fp32", "bf16"]  # see skippipe.train.ops
 CORPORA: tuple[str, ...] = get_args(Corpus)
 GRAD_DIVISORS: tuple[str, ...] = get_args(GradDivisor)
 
@@ -64,6 +65,9 @@ class TrainConfig:
     grad_clip: float = 1.0
     grad_divisor: GradDivisor = "visits"
     seed: int = field(default=0, metadata=NON_NEGATIVE)  # data order
+    # "bf16": forward and loss under torch.autocast(bfloat16); weights, gradients and AdamW stay fp32
+    precision: Precision = "fp32"
+    activation_checkpointing: bool = False  # recompute each layer's activations in the backward (less memory)
     # evaluation
     eval_every: int = field(default=0, metadata=NON_NEGATIVE)  # iterations between validation runs (0: only at the end)
     eval_batches: int = field(default=8, metadata=POSITIVE)

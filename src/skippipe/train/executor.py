@@ -12,6 +12,8 @@ is the oracle the runtime is tested against:
    ``grad_divisor`` (``TrainConfig.grad_divisor``), the same averaged gradient on every copy;
 4. global-norm clipping across stages (``stage_sq_norm`` per stage, ``clip_coefficient``);
 5. ``lr_at`` of the iteration, ``opt.step()`` on every copy: copies of a stage stay identical.
+
+``TrainConfig.precision`` and ``activation_checkpointing`` apply here exactly as in the runtime.
 """
 
 from __future__ import annotations
@@ -69,7 +71,7 @@ class ReferenceExecutor:
         self.copies: dict[int, Stage] = {}
         for s, nodes in enumerate(plan.stages):
             for node in nodes:
-                self.copies[node] = build_stage(model_cfg, plan.layers[s], first=(s == 0))
+                self.copies[node] = build_stage(model_cfg, plan.layers[s], s == 0, train_cfg.activation_checkpointing)
         self.optimizers = {node: make_optimizer(m, train_cfg) for node, m in self.copies.items()}
         self.divisors = [grad_divisor(plan, s, train_cfg.grad_divisor) for s in range(plan.num_stages)]
         self.iteration = 0
@@ -77,10 +79,11 @@ class ReferenceExecutor:
     # ------------------------------------------------------------------ one iteration
     def run_microbatch(self, mb_id: int, x: torch.Tensor, y: torch.Tensor) -> float:
         mb = self.plan.microbatch(mb_id)
-        saved = [forward_op(self.copies[mb.data_node], x)]
+        precision = self.cfg.precision
+        saved = [forward_op(self.copies[mb.data_node], x, precision)]
         for node in mb.path:
-            saved.append(forward_op(self.copies[node], saved[-1].output))
-        loss, grad = loss_op(self.copies[mb.data_node], saved[-1].output, y)
+            saved.append(forward_op(self.copies[node], saved[-1].output, precision))
+        loss, grad = loss_op(self.copies[mb.data_node], saved[-1].output, y, precision)
         for s in reversed(saved):
             grad = backward_op(s, grad)  # type: ignore[arg-type]
         return loss

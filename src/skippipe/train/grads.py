@@ -102,9 +102,10 @@ def average_group(copies: Sequence[nn.Module], divisor: int) -> torch.Tensor:
 
 
 def stage_sq_norm(module: nn.Module) -> float:
-    """Squared L2 norm of a stage's gradients, accumulated in float64."""
-    total = torch.zeros((), dtype=torch.float64)
-    for p in module.parameters():
+    """Squared L2 norm of a stage's gradients, accumulated in float64 (on the gradients' device)."""
+    params = list(module.parameters())
+    total = torch.zeros((), dtype=torch.float64, device=params[0].device if params else None)
+    for p in params:
         if p.grad is not None:
             total += p.grad.detach().double().pow(2).sum()
     return float(total)

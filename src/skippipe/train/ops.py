@@ -12,10 +12,17 @@ only touches its own copy of the stage and hands ``grad_in`` back to the previou
 - ``backward_op(saved, grad_out)`` -> ``grad_in``: accumulate the stage's parameter gradients
   (``+=`` into ``.grad``) and return the gradient for the previous node (``None`` on stage 0,
   whose input is token ids).
+
+Precision (``TrainConfig.precision``): with ``"bf16"`` the forward and the loss run under
+``torch.autocast(bfloat16)`` on the tensor's device (CUDA, or CPU: the same code path), the
+backward follows the dtypes autocast chose; parameters, their ``.grad`` and AdamW's state stay
+fp32 (the master weights). The residual stream between layers stays fp32 (a bf16 branch added
+to an fp32 input is fp32), so what travels between stages is fp32 before its wire encoding.
 """
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 import torch
@@ -35,20 +42,28 @@ class Saved:
         self.output = None  # type: ignore[assignment]
 
 
-def forward_op(stage: Stage, x: torch.Tensor) -> Saved:
-    if x.dtype in (torch.int32, torch.int64):
-        return Saved(input=None, output=stage(x))
-    leaf = x.detach().requires_grad_(True)
-    return Saved(input=leaf, output=stage(leaf))
+def autocast(device: torch.device, precision: str) -> AbstractContextManager[None]:
+    """``torch.autocast`` to bfloat16 on ``device`` for ``"bf16"``; a no-op context for ``"fp32"``."""
+    if precision not in ("fp32", "bf16"):
+        raise ValueError(f"unknown precision {precision!r} (known: fp32, bf16)")
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
 
 
-def loss_op(stage0: Stage, h: torch.Tensor, targets: torch.Tensor) -> tuple[float, torch.Tensor]:
+def forward_op(stage: Stage, x: torch.Tensor, precision: str = "fp32") -> Saved:
+    leaf = None if x.dtype in (torch.int32, torch.int64) else x.detach().requires_grad_(True)
+    with autocast(x.device, precision):
+        out = stage(x if leaf is None else leaf)
+    return Saved(input=leaf, output=out.float())
+
+
+def loss_op(stage0: Stage, h: torch.Tensor, targets: torch.Tensor, precision: str = "fp32") -> tuple[float, torch.Tensor]:
     """Final norm + head + mean cross-entropy over the microbatch's tokens, and its backward.
 
     The loss is not scaled: each stage divides its summed gradient by its divisor after the
     iteration (``skippipe.train.grads``)."""
     leaf = h.detach().requires_grad_(True)
-    loss = stage0.loss(leaf, targets)
+    with autocast(h.device, precision):
+        loss = stage0.loss(leaf, targets)
     loss.backward()
     assert leaf.grad is not None
     return float(loss.detach()), leaf.grad

@@ -15,13 +15,25 @@ from torch import nn
 from skippipe.train.config import TrainConfig
 
 
+def adamw_kernel(device: torch.device) -> dict[str, bool]:
+    """The AdamW implementation for parameters on ``device``, chosen here only: the fused kernel
+    on CUDA, the multi-tensor (foreach) one elsewhere. Every copy of a stage lives on the same
+    kind of device as its peers in the reference, so copies stay identical."""
+    if device.type == "cuda":
+        return {"fused": True}
+    return {"foreach": True}
+
+
 def make_optimizer(module: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
-    """AdamW; weight decay on matrices (ndim >= 2: linear weights, embedding), none on norms."""
-    decay = [p for p in module.parameters() if p.ndim >= 2]
-    no_decay = [p for p in module.parameters() if p.ndim < 2]
+    """AdamW on the module's (fp32) parameters; weight decay on matrices (ndim >= 2: linear
+    weights, embedding), none on norms; the kernel from ``adamw_kernel``."""
+    params = list(module.parameters())
+    decay = [p for p in params if p.ndim >= 2]
+    no_decay = [p for p in params if p.ndim < 2]
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    device = params[0].device if params else torch.device("cpu")
     return torch.optim.AdamW(
-        [g for g in groups if g["params"]], lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, foreach=False
+        [g for g in groups if g["params"]], lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, **adamw_kernel(device)
     )
 
 
