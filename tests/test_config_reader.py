@@ -89,6 +89,8 @@ def _good(hint: typing.Any) -> typing.Any:
         return typing.get_args(hint)[0]
     if typing.get_origin(hint) in (list, tuple):
         return [_good(typing.get_args(hint)[0])]
+    if dataclasses.is_dataclass(hint):  # a table of its defaults
+        return to_table(hint())
     return {int: 1, float: 1.0, str: "a", bool: True}[hint]
 
 
