@@ -5,6 +5,7 @@ A reader never sees a half-written file, and a failed write leaves the old file 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -123,6 +124,15 @@ def read_json(path: str | Path, error: Callable[[str], Exception], what: str = "
         raise error(f"{label}: not valid JSON (a number is too long)") from None
     except RecursionError:
         raise error(f"{label}: not valid JSON (nested too deeply)") from None
+
+
+def file_sha256(path: str | Path) -> str:
+    """The sha256 of a file's bytes, read in 1 MiB chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def name_inside(folder: str | Path, name: object, what: str = "file") -> Path:

@@ -34,7 +34,8 @@ class TokenData:
         return self.tokenizer.vocab_size
 
 
-def _join(tok: Tokenizer, texts: list[str]) -> np.ndarray:
+def join_documents(tok: Tokenizer, texts: list[str]) -> np.ndarray:
+    """The texts' tokens, each text followed by the end-of-text token, as one int32 array."""
     out: list[int] = []
     for ids in tok.encode_batch(texts):
         out.extend(ids)
@@ -79,7 +80,7 @@ def load_token_data(
         with np.load(path) as z:
             return TokenData(train=z["train"], val=z["val"], tokenizer=tok, fingerprint=fp)
     train_texts, val_texts = split()
-    train, val = _join(tok, train_texts), _join(tok, val_texts)
+    train, val = join_documents(tok, train_texts), join_documents(tok, val_texts)
     folder.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp.npz")
     np.savez(tmp, train=train, val=val)
@@ -102,7 +103,7 @@ def validation_tokens(
     tok: Tokenizer, corpus: tuple[str, ...] | list[str] = ("shakespeare", "bible"), val_fraction: float = 0.05
 ) -> np.ndarray:
     """The validation split encoded with a given tokenizer (e.g. the one saved in a checkpoint)."""
-    return _join(tok, train_val_texts(list(corpus), val_fraction)[1])
+    return join_documents(tok, train_val_texts(list(corpus), val_fraction)[1])
 
 
 def load_prepared(folder: str | Path, check: bool = False) -> TokenData:

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from skippipe.errors import DataError
-from skippipe.fileio import atomic_write_text, read_json
+from skippipe.fileio import atomic_write_text, file_sha256, read_json
 
 INDEX = "index.json"
 FORMAT = "skippipe-tokens"
@@ -179,15 +179,7 @@ def open_split(folder: str | Path, split: str, check: bool = False) -> TokenShar
             raise DataError(f"{p}: shard {s['file']} is missing")
         if f.stat().st_size != s["tokens"] * dtype.itemsize:
             raise DataError(f"{p}: shard {s['file']} has {f.stat().st_size} bytes, the index says {s['tokens']} tokens")
-        if check and _sha256(f) != s["sha256"]:
+        if check and file_sha256(f) != s["sha256"]:
             raise DataError(f"{p}: shard {s['file']} is corrupt (sha256 does not match the index)")
         files.append(f)
     return TokenShards(files, dtype)
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()

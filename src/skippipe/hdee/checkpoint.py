@@ -16,7 +16,6 @@ Reading checks the manifest, every file's sha256 and that the job's digest is th
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -28,7 +27,7 @@ from typing import Any
 import torch
 
 from skippipe.errors import UserError
-from skippipe.fileio import atomic_write, atomic_write_text, read_json
+from skippipe.fileio import atomic_write, atomic_write_text, file_sha256, read_json
 from skippipe.model.checkpoint import save_safetensors, write_checkpoint_meta
 from skippipe.model.config import ModelConfig
 
@@ -49,21 +48,13 @@ class Saved:
     extra: dict[str, Any]
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _commit(folder: Path, digest: str, step: int, losses: list[float], extra: dict[str, Any]) -> None:
     """Write the manifest into the partial folder ``.<folder.name>.partial`` and rename it."""
     tmp = folder.parent / f".{folder.name}.partial"
     names = sorted(p.name for p in tmp.iterdir() if p.is_file() and not p.name.startswith("."))
     manifest = {
         "format": FORMAT, "version": VERSION, "digest": digest, "step": step,
-        "losses": [float(x) for x in losses], "files": {n: _sha256(tmp / n) for n in names}, **extra,
+        "losses": [float(x) for x in losses], "files": {n: file_sha256(tmp / n) for n in names}, **extra,
     }
     atomic_write_text(tmp / "manifest.json", json.dumps(manifest, indent=1) + "\n")
     if folder.exists():
@@ -127,7 +118,7 @@ def verify(folder: Path, digest: str | None) -> Saved:
         )
     for name, sha in m.get("files", {}).items():
         f = folder / name
-        if not f.is_file() or _sha256(f) != sha:
+        if not f.is_file() or file_sha256(f) != sha:
             raise JobCheckpointError(f"{where}: {name} is missing or corrupt")
     extra = {k: v for k, v in m.items() if k not in ("format", "version", "digest", "step", "losses", "files")}
     return Saved(folder, int(m["step"]), [float(x) for x in m.get("losses", [])], extra)

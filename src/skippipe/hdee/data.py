@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from skippipe.data.dataset import join_documents
 from skippipe.data.tokenizer import BPETokenizer, ByteTokenizer, Tokenizer, cached_bpe
 from skippipe.errors import UserError
 from skippipe.fileio import atomic_write, atomic_write_text
@@ -48,14 +49,6 @@ class RunData:
     @property
     def vocab_size(self) -> int:
         return self.tokenizer.vocab_size
-
-
-def _join(tok: Tokenizer, texts: list[str]) -> np.ndarray:
-    out: list[int] = []
-    for ids in tok.encode_batch(texts):
-        out.extend(ids)
-        out.append(tok.eot_id)
-    return np.asarray(out, dtype=np.int32)
 
 
 def _data_settings(cfg: HDEEConfig) -> dict:
@@ -114,7 +107,7 @@ def prepare_data(cfg: HDEEConfig, run_dir: str | Path, log: Callable[[str], None
         arrays, bpt = {}, {}
         for split in used:
             docs = splits[spec.name].part(split)
-            arrays[split] = _join(tok, [doc.text for doc in docs])
+            arrays[split] = join_documents(tok, [doc.text for doc in docs])
             n_bytes = sum(len(doc.text.encode("utf-8")) for doc in docs)
             bpt[split] = n_bytes / max(1, len(arrays[split]))
             digest.update(f"{spec.name}/{split}:".encode())

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from skippipe.errors import UserError
-from skippipe.fileio import atomic_write, atomic_write_text, name_inside, read_json
+from skippipe.fileio import atomic_write, atomic_write_text, file_sha256, name_inside, read_json
 from skippipe.planfile import Plan
 
 FORMAT = "skippipe-checkpoint"
@@ -76,14 +76,6 @@ def stage_files(stage: int) -> tuple[str, str]:
     return f"stage-{stage}.safetensors", f"stage-{stage}.optim.safetensors"
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 # ---------------------------------------------------------------------- writing (rank 0 parts)
 
 
@@ -119,7 +111,7 @@ def commit(
         "num_stages": num_stages,
         "plan_sha256": plan_digest(plan),
         "losses": [float(x) for x in losses],
-        "files": {n: _sha256(tmp / n) for n in names},
+        "files": {n: file_sha256(tmp / n) for n in names},
         **(extra or {}),
     }
     atomic_write_text(tmp / "manifest.json", json.dumps(manifest, indent=1) + "\n")
@@ -189,7 +181,7 @@ def verify(path: str | Path, plan: Plan | None = None) -> CheckpointInfo:
         f = name_inside(p, name, "manifest entry")
         if not f.is_file():
             raise CheckpointError(f"{where}: {name} is missing")
-        if _sha256(f) != digest:
+        if file_sha256(f) != digest:
             raise CheckpointError(f"{where}: {name} is corrupt (sha256 does not match the manifest)")
     info = CheckpointInfo(path=p, step=step, losses=list(m.get("losses", [])), plan_sha256=str(m.get("plan_sha256")), files=files)
     if plan is not None and info.plan_sha256 != plan_digest(plan):
