@@ -66,6 +66,8 @@ def _chart(path: Path, recs: list[dict], failures: list[dict], kills: list[float
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from skippipe.viz import save_png
+
     fig, ax = plt.subplots(figsize=(9, 3.6))
     xs = [r["time"] - t0 for r in recs]
     ax.plot(xs, [r["iter_s"] for r in recs], "o-", ms=3, label="iteration time (real s)")
@@ -79,8 +81,7 @@ def _chart(path: Path, recs: list[dict], failures: list[dict], kills: list[float
     ax.set_title("iteration time across two node failures (8 emulated nodes, time scale 0.02)")
     ax.legend(loc="lower right", fontsize=8)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    save_png(fig, path, dpi=110)
 
 
 def main() -> int:

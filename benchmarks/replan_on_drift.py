@@ -71,6 +71,8 @@ def _chart(path: Path, recs: list[dict], at: int, replans: list[dict], sims: tup
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from skippipe.viz import save_png
+
     fig, ax = plt.subplots(figsize=(9, 3.6))
     ax.plot([r["iteration"] for r in recs], [r["makespan_plan_s"] for r in recs], "o-", ms=3, label="measured makespan")
     old, old_new, new = sims
@@ -87,8 +89,7 @@ def _chart(path: Path, recs: list[dict], at: int, replans: list[dict], sims: tup
     ax.set_title("re-plan on drift: one link slowed mid-run (8 emulated nodes)")
     ax.legend(loc="lower right", fontsize=7)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    save_png(fig, path, dpi=110)
 
 
 def main() -> int:

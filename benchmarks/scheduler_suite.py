@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import tempfile
 import time
 from pathlib import Path
 
@@ -31,6 +29,7 @@ from skippipe.fileio import atomic_write_text
 from skippipe.planner.floors import free_allocation_floor
 from skippipe.planner.methods import make_plan
 from skippipe.planner.problem import build_problem
+from skippipe.viz import save_png
 from skippipe.workload import Workload
 
 METHODS = ("naive", "random", "skippipe-no-tc2", "skippipe")
@@ -78,17 +77,10 @@ def chart(rows: list[dict], path: Path) -> None:
     ax.set_ylim(0.9, min(4.0, max(max((r[m] or 0) / r["floor"] for m in METHODS) for r in rows) * 1.05))
     ax.set_title("Scheduler suite: simulated seconds per iteration relative to the floor (lower is better; clipped at 4)")
     ax.legend(fontsize=8, frameon=False, ncol=5)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent)
-    os.close(fd)
     try:
-        fig.savefig(tmp, dpi=fig.dpi, bbox_inches="tight")
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
+        save_png(fig, path)
     finally:
         plt.close(fig)
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 def fmt(x: float | None) -> str:

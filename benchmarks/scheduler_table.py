@@ -14,14 +14,13 @@ grouped bar chart is written (default ``docs/scheduler-table.png``).
 from __future__ import annotations
 
 import argparse
-import os
-import tempfile
 import time
 from pathlib import Path
 
 from skippipe.cluster import SETTING_NAMES, TABLE_NAMES, load_cluster
 from skippipe.planner.methods import make_plan
 from skippipe.planner.problem import build_problem
+from skippipe.viz import save_png
 from skippipe.workload import Workload
 
 METHODS = ("full", "random", "skippipe-no-tc2", "skippipe")
@@ -47,17 +46,10 @@ def chart(rows: list[dict], path: Path) -> None:
     ax.set_ylabel("seconds per iteration (simulated)")
     ax.set_title("20 nodes: full pipeline, random skipping, SkipPipe without / with TC2")
     ax.legend(fontsize=8, frameon=False, ncol=4)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent)
-    os.close(fd)
     try:
-        fig.savefig(tmp, dpi=fig.dpi, bbox_inches="tight")
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
+        save_png(fig, path)
     finally:
         plt.close(fig)
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 def main(argv: list[str] | None = None) -> int:

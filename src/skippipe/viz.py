@@ -7,14 +7,13 @@ runtime. matplotlib is imported only when a chart is drawn.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from skippipe.errors import UserError
+from skippipe.fileio import atomic_write
 
 KIND_COLORS = {"F": "#4C72B0", "L": "#DD8452", "B": "#55A868"}
 KIND_NAMES = {"F": "forward", "L": "head + loss", "B": "backward"}
@@ -37,24 +36,12 @@ def _pyplot() -> Any:
     return plt
 
 
-def _save(fig: Any, path: str | Path) -> Path:
-    """Write the figure atomically (temporary file in the same folder, then rename)."""
+def save_png(fig: Any, path: str | Path, dpi: float | None = None) -> Path:
+    """Write the figure as a PNG, atomically (``fileio.atomic_write``)."""
     p = Path(path)
     if p.suffix.lower() != ".png":
         raise UserError(f"{p}: charts are written as PNG; give a file name ending in .png")
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".png", dir=p.parent)
-    os.close(fd)
-    try:
-        fig.savefig(tmp, dpi=fig.dpi, bbox_inches="tight")
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600 files; give the usual permissions
-        os.replace(tmp, p)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    atomic_write(p, lambda tmp: fig.savefig(tmp, format="png", dpi=dpi or fig.dpi, bbox_inches="tight"))
     return p
 
 
@@ -152,7 +139,7 @@ def gantt_panels(
         fig.legend(handles.values(), handles.keys(), loc="lower center", ncol=7, fontsize=8, frameon=False)
         fig.tight_layout(rect=(0, 0.03, 1, 1))
     try:
-        return _save(fig, path)
+        return save_png(fig, path)
     finally:
         plt.close(fig)
 
@@ -223,6 +210,6 @@ def bar_chart(
     if title:
         ax.set_title(title)
     try:
-        return _save(fig, path)
+        return save_png(fig, path)
     finally:
         plt.close(fig)

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from skippipe.errors import UserError
-from skippipe.fileio import atomic_write
+from skippipe.viz import save_png
 
 Stat = tuple[float, float, int]  # mean, sample standard deviation (0 for one run), runs
 
@@ -165,7 +165,7 @@ def chart(summary: dict, path: str | Path, combiner: str = "val_prior", baseline
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
     try:
-        atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", bbox_inches="tight"))
+        save_png(fig, path)
     finally:
         plt.close(fig)
     return Path(path)
