@@ -155,11 +155,11 @@ class DrainRequested(SkipPipeError):
 class StageLost(RunError):
     """Every node of a stage is gone: no survivor holds its state (recovery refuses)."""
 
-    def __init__(self, stage: int, nodes: list[int]) -> None:
+    def __init__(self, stage: int, nodes: list[int], why: str) -> None:
         self.stage = stage
         self.nodes = nodes
-        super().__init__(f"stage {stage} has no node left (its nodes {nodes} failed); recovering a stage from the last "
-                         "checkpoint is not supported: stopped")
+        self.why = why
+        super().__init__(f"stage {stage} has no node left (its nodes {nodes} failed) and cannot be frozen: {why}; stopped")
 
 
 class RunInterrupted(SkipPipeError):

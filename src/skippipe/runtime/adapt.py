@@ -40,6 +40,7 @@ from skippipe.planner.replan import replan, with_transfer
 from skippipe.planner.shrink import original_nodes, shrink_plan
 from skippipe.runtime import elastic as E
 from skippipe.runtime.emulation import changed_transfer, folded_events, link_changes
+from skippipe.runtime.frozen import thaw
 from skippipe.sim import simulate
 
 REPORT = "replans.json"
@@ -96,7 +97,9 @@ def grow_plan(first: Plan, plan: Plan, node: int, events: Sequence[object], iter
     base, _ = shrink_plan(first, {n for n in range(first.n_nodes) if n not in keep})
     base.meta = {**base.meta, "emulation": dict(plan.meta.get("emulation") or {})}
     transfer, folded = fold_due(base, events, iteration)
-    grown = replan(base, transfer, method=method, seed=seed, fixed_stages=True)
+    # a stage still frozen: the planner plans whole pipelines, so the shrunk first plan's paths are kept
+    grown = with_transfer(base, transfer) if base.frozen_stages else replan(base, transfer, method=method, seed=seed,
+                                                                             fixed_stages=True)
     emu = grown.meta.get("emulation") or {}
     grown.meta = {**grown.meta, "emulation": {**emu, "folded": sorted(set(folded_events(base)) | set(folded))}}
     return grown
@@ -130,12 +133,15 @@ def replan_after_drain(run_dir: Path, plan: Plan, request: DrainRequested, round
     if joiner is not None:
         first = load_plan(run_dir / "elastic" / FIRST_PLAN)
         new_plan = grow_plan(first, base, joiner, events, step + 1, method, seed)
+    elif base.frozen_stages:  # the planner plans whole pipelines: with a frozen stage the paths are kept
+        new_plan = old_on_new
     else:
         new_plan = replan(base, transfer, method=method, seed=seed)
     emu = dict(plan.meta.get("emulation") or {}) if isinstance(plan.meta.get("emulation"), dict) else {}
     done = set(folded_events(new_plan)) | set(folded_events(plan)) | set(folded)
     new_plan.meta = {**new_plan.meta, "emulation": {**emu, "folded": sorted(done)}}
     E.write_recovery_checkpoint(run_dir, plan, new_plan, handoffs, step, keep, write_meta)
+    thaw(run_dir, new_plan)  # a node rejoined a frozen stage: it restores it from that checkpoint
     save_plan(new_plan, run_dir / "plan.json")
     save_plan(new_plan, run_dir / "elastic" / f"plan-round-{round_index + 1}.json")
     sim_old, sim_new = simulate(old_on_new, bound=False), simulate(new_plan, bound=False)

@@ -230,7 +230,10 @@ def _run(args: WorkerArgs, stop: StopRequest) -> int:
     found = None
     node = env.rank
     joining = rejoin.joiners()
-    if args.resume and node not in joining:  # a joiner reads nothing from disk: its state comes from a peer
+    # a joiner reads nothing from disk: its state comes from a peer; one that rejoins a frozen
+    # stage has no peer holding it and restores it from the recovery checkpoint (``frozen.py``)
+    from_disk = node in joining and all(n in joining for n in plan.stages[plan.stage_of()[node]])
+    if args.resume and (node not in joining or from_disk):
         found = ckpt.latest(run_dir)
         if found is None:
             raise UserError(f"--resume: {run_dir} holds no checkpoint")
@@ -258,8 +261,12 @@ def _run(args: WorkerArgs, stop: StopRequest) -> int:
     if found is not None:
         worker.load_checkpoint(found)
     worker.losses_so_far = losses
+    if from_disk and found is not None:
+        _log(f"joined: stage {worker.stage_index} was frozen (no node held it); restored its weights and optimizer state "
+             f"from {found} (digest {rejoin.state_digest(worker.stage, worker.optimizer)})")
     if joining:
-        line = rejoin.share_stage_state(worker.stage, worker.optimizer, groups.stage, groups.stage_ranks, joining)
+        by_peer = joining - {n for n in joining if all(m in joining for m in plan.stages[plan.stage_of()[n]])}
+        line = rejoin.share_stage_state(worker.stage, worker.optimizer, groups.stage, groups.stage_ranks, by_peer)
         if line:
             _log(line)
     try:

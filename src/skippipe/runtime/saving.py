@@ -18,6 +18,7 @@ from skippipe.errors import TrainingDiverged
 from skippipe.model.config import ModelConfig
 from skippipe.planfile import Plan
 from skippipe.runtime import checkpoint as ckpt
+from skippipe.runtime.frozen import copy_into as copy_frozen
 from skippipe.runtime.process_group import Groups, communicating
 from skippipe.train.config import TrainConfig
 
@@ -71,5 +72,6 @@ def save_run_checkpoint(
                 write_checkpoint_meta(folder, w.model_cfg, step, w.plan.layers, train=w.train_cfg.to_dict(), plan=w.plan,
                                       tokenizer=w.tokenizer)
 
+            copy_frozen(w.run_dir, w.plan, folder)  # stages no node holds: their frozen weights
             ckpt.commit(w.run_dir, step, w.plan, losses, keep, write_meta=meta)
         dist.barrier(group=g.world)
