@@ -18,6 +18,7 @@ from skippipe.errors import TrainingDiverged
 from skippipe.model.config import ModelConfig
 from skippipe.planfile import Plan
 from skippipe.runtime import checkpoint as ckpt
+from skippipe.runtime import faultpoint
 from skippipe.runtime.frozen import copy_into as copy_frozen
 from skippipe.runtime.process_group import Groups, communicating
 from skippipe.train.config import TrainConfig
@@ -64,6 +65,7 @@ def save_run_checkpoint(
         folder = ckpt.partial_dir(w.run_dir, step)
         if g.stage_ranks[0] == w.node:
             ckpt.save_stage(folder, stage_index, stage, optimizer)
+        faultpoint.hit("checkpoint_write", w.node, step)  # tests only: a half-written checkpoint
         dist.barrier(group=g.world)
         if w.node == 0:
             from skippipe.model.checkpoint import write_checkpoint_meta

@@ -289,11 +289,9 @@ class Worker:
 
     # ------------------------------------------------------------------ end of iteration
     def _step(self, state: _Iteration) -> IterationStats:
-        g = self.s.groups
-        plan = self.s.plan
-        it = state.it
-        flat = G.flat_grads(self.stage)
-        with communicating(f"the gradient sum of stage {self.stage_index} in iteration {it + 1}", self.s.timeout_s):
+        g, plan, it = self.s.groups, self.s.plan, state.it
+        flat, fault = G.flat_grads(self.stage), ("grad_sync", it + 1)  # a test's fault point (faultpoint.py)
+        with communicating(f"the gradient sum of stage {self.stage_index} in iteration {it + 1}", self.s.timeout_s, fault):
             if g.stage is not None:
                 if self.s.deterministic:  # sum in the stage's node order, as the reference executor does
                     parts = [torch.empty_like(flat) for _ in g.stage_ranks]
