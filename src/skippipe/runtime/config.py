@@ -135,6 +135,24 @@ class RejoinEvent:
 
 
 @dataclass(frozen=True)
+class JoinEvent:
+    """A brand-new node joins at the boundary before iteration ``iteration`` (1-based). Its costs
+    (forward time, memory, hop times) are those of node ``like`` (first-plan id, running then: the
+    stand-in for a node that announces itself); ``stage``: the stage it joins (unset: the one
+    whose extra replica shortens the simulated makespan most). It gets its stage's state from a
+    peer, not from disk."""
+
+    config_label: ClassVar[str] = "runtime.join"
+
+    iteration: int = field(default=1, metadata=POSITIVE)
+    like: int = field(default=0, metadata={"min": 0})
+    stage: int | None = field(default=None, metadata={"min": 1})
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+
+@dataclass(frozen=True)
 class RuntimeSection:
     config_label: ClassVar[str] = "runtime"
 
@@ -170,6 +188,8 @@ class RuntimeSection:
     max_replans: int = field(default=2, metadata={"min": 0})  # re-plans on drift in one run
     # with on_failure = "continue": failed nodes that start again, e.g. [{iteration = 8, node = 3}]
     rejoin: list[RejoinEvent] = field(default_factory=list)
+    # with on_failure = "continue": brand-new nodes that join, e.g. [{iteration = 6, like = 4}]
+    join: list[JoinEvent] = field(default_factory=list)
 
     def deterministic_for(self, model_params: int) -> bool:
         """``deterministic`` as set, else on for models of at most ``DETERMINISTIC_MAX_PARAMS``."""

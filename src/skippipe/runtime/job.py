@@ -186,7 +186,7 @@ def train(prep: Prepared, until: int | None = None, progress: bool = True, drift
 
     from skippipe.runtime.adapt import RejoinWatch
 
-    watch = RejoinWatch(rt.rejoin) if rt.on_failure == "continue" and rt.rejoin else None
+    watch = RejoinWatch(rt.rejoin, rt.join) if rt.on_failure == "continue" and (rt.rejoin or rt.join) else None
     if drift is None and prep.predicted_makespan_s:
         drift = DriftMonitor(prep.predicted_makespan_s, threshold=rt.drift_threshold, window=rt.drift_window, on_drift=on_drift)
 
@@ -203,10 +203,10 @@ def train(prep: Prepared, until: int | None = None, progress: bool = True, drift
         bar.update(max(0, int(last["iteration"]) - prep.start_step) - bar.n)  # goes back after a recovery
         if drift is not None:
             drift.observe_records(new)
-        if watch is not None and seen.get("active") and watch.left:
-            node = watch.due(int(last["iteration"]), load_plan(run_dir / "plan.json"))
-            if node is not None:
-                raise DrainRequested(f"node {node} rejoins after iteration {last['iteration']}", node)
+        if watch is not None and seen.get("active") and watch.waiting():
+            due = watch.request(int(last["iteration"]), load_plan(run_dir / "plan.json"))
+            if due is not None:
+                raise due
         if pending:
             event = pending.pop()
             pending.clear()
