@@ -27,11 +27,14 @@ Every re-plan and rejoin is reported in ``RUN/replans.json`` (``Replan``). Torch
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+from tqdm import tqdm
 
 from skippipe.errors import DrainRequested
 from skippipe.fileio import atomic_write_text
@@ -179,7 +182,17 @@ def replan_after_drain(run_dir: Path, plan: Plan, request: DrainRequested, round
         joined=joiner, nodes=new_plan.n_nodes, stage_choice=stage_choice,
         stages_before=_original_stages(plan), stages_after=_original_stages(new_plan),
     )
+    tqdm.write(announce(record), file=sys.stderr)  # the one line at the re-plan (the drift had its own)
     return new_plan, record
+
+
+def announce(r: Replan) -> str:
+    """The line printed when the launcher re-plans (drift), or a node rejoins or joins."""
+    kind = "join" if r.stage_choice else "rejoin" if r.joined is not None else "re-plan"
+    new = f"{r.makespan_sim_new_s:.2f}" if r.makespan_sim_new_s is not None else "?"
+    old = f"{r.makespan_sim_old_s:.2f}" if r.makespan_sim_old_s is not None else "?"
+    return (f"{kind}: {r.reason}; going on from step {r.recovery_step} with stages {r.stages_after} "
+            f"(simulated makespan {old} -> {new} s)")
 
 
 def measure(run_dir: Path, replans: list[Replan]) -> None:
