@@ -72,3 +72,38 @@ def test_reroute_never_visits_a_frozen_stage_and_obeys_the_live_rule(S, data):
     assert path_rule_violation([live[s] for s in seq], max_swaps, max_jump) is None
     kept = [s for s in visits if s not in frozen][: len(seq)]
     assert [s for s in seq if s in kept] == kept  # the live visits keep their order
+
+
+def _checkpoint(run_dir, step, plan, tag: bytes):
+    from skippipe.runtime import checkpoint as ckpt
+
+    tmp = ckpt.begin(run_dir, step)
+    for s in range(plan.num_stages):
+        for name in ckpt.stage_files(s):
+            (tmp / name).write_bytes(tag + name.encode())
+    ckpt.commit(run_dir, step, plan, [1.0] * step, keep=5)
+
+
+def test_freeze_takes_the_newest_valid_checkpoint_and_ignores_a_stale_store(tmp_path):
+    from skippipe.errors import StageLost
+    from skippipe.runtime import checkpoint as ckpt
+    from skippipe.runtime import frozen as F
+
+    plan = seven_node_plan()
+    with pytest.raises(StageLost, match="no checkpoint holds its weights"):
+        F.freeze(tmp_path, [2], [], {2: [4]})
+    _checkpoint(tmp_path, 2, plan, b"two:")
+    _checkpoint(tmp_path, 4, plan, b"four:")
+    (ckpt.step_dir(tmp_path, 4) / "stage-0.safetensors").write_bytes(b"corrupt")  # step 4 no longer verifies
+    store = F.store(tmp_path)
+    store.mkdir(parents=True)
+    (store / F.INDEX).write_text('{"2": 99}')  # left by an earlier run in this folder
+    assert F.freeze(tmp_path, [2], [], {2: [4]}) == {2: 2}
+    assert (store / "stage-2.safetensors").read_bytes() == b"two:stage-2.safetensors"
+    shrunk, _ = shrink_plan(plan, {4})
+    out = tmp_path / "out"
+    out.mkdir()
+    F.copy_into(tmp_path, shrunk, out)
+    assert sorted(p.name for p in out.iterdir()) == sorted(ckpt.stage_files(2))
+    F.thaw(tmp_path, plan)  # a node rejoined: nothing frozen any more
+    assert F.frozen_steps(tmp_path) == {}

@@ -146,7 +146,8 @@ def recover(run_dir: Path, plan: Plan, lost: NodeLost, round_index: int, keep: i
     frozen: dict[int, int] | None = None
     if set(new_plan.frozen_stages) - set(plan.frozen_stages):
         orig = original_nodes(plan)
-        steps = F.freeze(run_dir, new_plan.frozen_stages, {s: [orig[n] for n in plan.stages[s]] for s in new_plan.frozen_stages})
+        steps = F.freeze(run_dir, new_plan.frozen_stages, plan.frozen_stages,
+                         {s: [orig[n] for n in plan.stages[s]] for s in new_plan.frozen_stages})
         frozen = {s: v for s, v in steps.items() if s not in plan.frozen_stages}
     step = recovery_step(handoffs)
     write_recovery_checkpoint(run_dir, plan, new_plan, handoffs, step, keep, write_meta)

@@ -46,11 +46,13 @@ def newest_valid_checkpoint(run_dir: Path) -> ckpt.CheckpointInfo | None:
     return None
 
 
-def freeze(run_dir: Path, stages: list[int], nodes: dict[int, list[int]]) -> dict[int, int]:
-    """Copy the newest valid checkpoint's files of ``stages`` into the frozen store; returns
-    stage -> step. ``StageLost`` when no checkpoint holds them (``nodes``: each stage's lost
-    nodes, original ids, for the message)."""
-    have = frozen_steps(run_dir)
+def freeze(run_dir: Path, stages: list[int], before: list[int], nodes: dict[int, list[int]]) -> dict[int, int]:
+    """Copy the newest valid checkpoint's files of ``stages`` not frozen ``before`` (the old
+    plan's frozen stages, whose files the store already holds; anything else in it is stale, e.g.
+    from an earlier run in this folder) into the frozen store; returns stage -> step.
+    ``StageLost`` when no checkpoint holds them (``nodes``: each stage's lost nodes, original
+    ids, for the message)."""
+    have = {s: v for s, v in frozen_steps(run_dir).items() if s in before}
     todo = [s for s in stages if s not in have]
     if not todo:
         return have
