@@ -191,6 +191,8 @@ def _run(args: WorkerArgs, stop: StopRequest) -> int:
     from skippipe.runtime.config import load_run_config
     from skippipe.runtime.emulation import Emulation
     from skippipe.runtime.handoff import hand_off, handoff_dir
+    from skippipe.runtime.local_checkpoint import root_of
+    from skippipe.runtime.local_resume import resume_position, share_from_owner
     from skippipe.runtime.metrics import MetricsWriter, truncate_metrics
     from skippipe.runtime.worker import Worker, WorkerSetup
 
@@ -230,7 +232,11 @@ def _run(args: WorkerArgs, stop: StopRequest) -> int:
     found = None
     node = env.rank
     joining = rejoin.joiners()
-    if args.resume and node not in joining:  # a joiner reads nothing from disk: its state comes from a peer
+    local = root_of(run_dir, cfg.run.local_checkpoint_dir) if cfg.run.checkpoint_storage == "local" else None
+    if args.resume and local is not None:  # each stage's first node reads its own folder (local_resume.py)
+        back = resume_position(local, plan, node, groups, rt.timeout_s)
+        start, losses = back.start, back.losses
+    elif args.resume and node not in joining:  # a joiner reads nothing from disk: its state comes from a peer
         found = ckpt.latest(run_dir)
         if found is None:
             raise UserError(f"--resume: {run_dir} holds no checkpoint")
@@ -252,11 +258,15 @@ def _run(args: WorkerArgs, stop: StopRequest) -> int:
         checkpoint_every=cfg.run.checkpoint_every, keep_checkpoints=cfg.run.keep_checkpoints,
         metrics=metrics, log_every=cfg.run.log_every, timeline_iteration=cfg.run.timeline_iteration, stop=stop,
         wire=rt.wire, wire_error_feedback=rt.wire_error_feedback,
-        elastic=handoff_dir() is not None,
+        elastic=handoff_dir() is not None, local_checkpoints=local,
     )
     worker = Worker(setup)
     if found is not None:
         worker.load_checkpoint(found)
+    if args.resume and local is not None:
+        if back.folder is not None:
+            worker.load_checkpoint(back.folder)
+        _log(share_from_owner(worker.stage, worker.optimizer, groups) or f"resumed from local step {start}")
     worker.losses_so_far = losses
     if joining:
         line = rejoin.share_stage_state(worker.stage, worker.optimizer, groups.stage, groups.stage_ranks, joining)
