@@ -266,7 +266,8 @@ def _run(args: WorkerArgs, stop: StopRequest) -> int:
     if args.resume and local is not None:
         if back.folder is not None:
             worker.load_checkpoint(back.folder)
-        _log(share_from_owner(worker.stage, worker.optimizer, groups) or f"resumed from local step {start}")
+        line = share_from_owner(worker.stage, worker.optimizer, groups)
+        _log(f"resumed from local step {start}" + (f" ({line})" if line else f", stage {worker.stage_index} from {back.folder}"))
     worker.losses_so_far = losses
     if joining:
         line = rejoin.share_stage_state(worker.stage, worker.optimizer, groups.stage, groups.stage_ranks, joining)
