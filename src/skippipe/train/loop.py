@@ -15,6 +15,7 @@ from skippipe.model.config import ModelConfig
 from skippipe.planfile import Plan
 from skippipe.train.config import TrainConfig
 from skippipe.train.executor import ReferenceExecutor, plan_batch_fn
+from skippipe.train.layerdrop import LayerDropExecutor
 
 
 @dataclass
@@ -29,11 +30,17 @@ class History:
 
 def train_plan(
     plan: Plan, cfg: TrainConfig, data: TokenData, model_cfg: ModelConfig | None = None,
-    progress: bool = True, desc: str = "train",
+    progress: bool = True, desc: str = "train", keep_stage: float | None = None,
 ) -> tuple[ReferenceExecutor, History]:
+    """Train ``plan`` for ``cfg.steps`` iterations; with ``keep_stage`` (a probability), every
+    microbatch also drops each stage of its path at random (``train.layerdrop``)."""
     model_cfg = model_cfg or cfg.model_config(data.vocab_size)
     seq_len = cfg.tokens_per_sample(model_cfg)
-    ex = ReferenceExecutor(plan, model_cfg, cfg, plan_batch_fn(plan, data.train, cfg, seq_len))
+    batches = plan_batch_fn(plan, data.train, cfg, seq_len)
+    if keep_stage is None:
+        ex = ReferenceExecutor(plan, model_cfg, cfg, batches)
+    else:
+        ex = LayerDropExecutor(plan, model_cfg, cfg, batches, keep_stage)
     hist = History()
     samples = cfg.eval_batches * cfg.eval_batch_size
 
