@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from runtime_fixtures import TINY_MODEL, TINY_TRAIN, same_checkpoint, seven_node_plan
 from skippipe.cli import main
@@ -174,6 +176,20 @@ def test_node_folders_keep_the_newest_and_drop_later_steps(tmp_path):
     assert [s for s, _ in L.step_folders(mine)] == [1, 2, 3]
     L.prune_node(mine, 2, 3)
     assert sorted(p.name for p in mine.iterdir()) == ["step-000002", "step-000003"]
+
+
+@settings(max_examples=40, deadline=None)
+@given(existing=st.sets(st.integers(1, 12), max_size=6), step=st.integers(1, 12), keep=st.integers(1, 4))
+def test_a_node_keeps_its_newest_steps_up_to_the_one_written(tmp_path_factory, existing, step, keep):
+    """Whatever an earlier run or an unfinished checkpoint left, after writing ``step`` a node's
+    folder holds exactly its newest ``keep`` steps up to ``step``, and ``step`` among them."""
+    mine = tmp_path_factory.mktemp("node") / "node-001" / "checkpoints"
+    for s in existing:
+        (mine / L.step_name(s)).mkdir(parents=True)
+    L.clear_from(mine, step)
+    (mine / L.step_name(step)).mkdir(parents=True)
+    L.prune_node(mine, keep, step)
+    assert [s for s, _ in L.step_folders(mine)] == sorted({s for s in existing if s < step} | {step})[-keep:]
 
 
 def test_launcher_resumes_from_the_newest_finished_local_step(tmp_path, plan):

@@ -64,3 +64,13 @@ def test_local_checkpoints_gather_and_resume_like_shared_ones(tmp_path, capsys):
     assert main(["checkpoint", "gather", str(lrun / "local"), "--out", str(out4), "--no-progress"]) == 0
     assert ckpt.verify(out4, plan).losses == a
     same_checkpoint(ckpt.step_dir(srun, 4), out4)  # weights and AdamW state as the shared resume left them
+
+    # a stage file broken on its node's disk: every worker stops with one line, exit code 2
+    f = L.node_checkpoints(lrun / "local", 4) / "step-000004" / "stage-2.safetensors"
+    data = bytearray(f.read_bytes())
+    data[300] ^= 1
+    f.write_bytes(bytes(data))
+    capsys.readouterr()
+    assert main(["train", str(local), "--resume", "--steps", "6", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "stage-2.safetensors: sha256 does not match its manifest" in err and err.count("\n") == 1
