@@ -233,8 +233,9 @@ def _run(args: WorkerArgs, stop: StopRequest) -> int:
     node = env.rank
     joining = rejoin.joiners()
     local = root_of(run_dir, cfg.run.local_checkpoint_dir) if cfg.run.checkpoint_storage == "local" else None
-    if args.resume and local is not None:  # each stage's first node reads its own folder (local_resume.py)
-        back = resume_position(local, plan, node, groups, rt.timeout_s)
+    # local storage: each stage's first node reads its own folder, its replicas get the state from it (local_resume.py)
+    back = resume_position(local, plan, node, groups, rt.timeout_s) if args.resume and local is not None else None
+    if back is not None:
         start, losses = back.start, back.losses
     elif args.resume and node not in joining:  # a joiner reads nothing from disk: its state comes from a peer
         found = ckpt.latest(run_dir)
@@ -263,7 +264,7 @@ def _run(args: WorkerArgs, stop: StopRequest) -> int:
     worker = Worker(setup)
     if found is not None:
         worker.load_checkpoint(found)
-    if args.resume and local is not None:
+    if back is not None:
         if back.folder is not None:
             worker.load_checkpoint(back.folder)
         line = share_from_owner(worker.stage, worker.optimizer, groups)

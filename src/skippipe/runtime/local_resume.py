@@ -56,7 +56,7 @@ def _mine(root: Path, node: int, stage: int, owner: bool, digest: str) -> dict[i
 def resume_position(root: Path, plan: Plan, node: int, groups: Groups, timeout_s: float) -> LocalResume:
     """All ranks: the step every writer holds, its losses, and this node's folder if it owns its stage."""
     stage = plan.stage_of()[node]
-    owner = groups.stage_ranks[0] == node if groups.stage_ranks else min(plan.stages[stage]) == node
+    owner = groups.stage_ranks[0] == node  # the stage's lowest node, as when writing
     writer = owner or node == 0
     problem: str | None = None
     try:

@@ -59,7 +59,8 @@ def save_run_checkpoint(
     if not all_finite(stage, optimizer, g, w.timeout_s):
         raise TrainingDiverged(step, "weights")
     if w.local_root is not None:
-        return save_local(w, stage_index, stage, optimizer, step, losses, keep)
+        save_local(w, stage_index, stage, optimizer, step, losses, keep)
+        return
     with communicating(f"writing the checkpoint of step {step}", w.timeout_s):
         if w.node == 0:
             ckpt.begin(w.run_dir, step)
