@@ -65,6 +65,15 @@ def test_local_checkpoints_gather_and_resume_like_shared_ones(tmp_path, capsys):
     assert ckpt.verify(out4, plan).losses == a
     same_checkpoint(ckpt.step_dir(srun, 4), out4)  # weights and AdamW state as the shared resume left them
 
+    # the gathered folder in the run's checkpoints/: --resume with shared storage reads it as is
+    shutil.copytree(out4, ckpt.step_dir(lrun, 4))
+    write_config(tmp_path / "local", plan, steps=5, run=run)  # the same run, storage "shared" now
+    assert main(["train", str(local), "--resume", "--no-progress"]) == 0
+    assert main(["train", str(shared), "--resume", "--steps", "5", "--no-progress"]) == 0
+    assert [r["loss"] for r in read_metrics(lrun)] == [r["loss"] for r in read_metrics(srun)]
+    assert len(read_metrics(lrun)) == 5
+    write_config(tmp_path / "local", plan, steps=4, run={**run, "checkpoint_storage": "local"})
+
     # a stage file broken on its node's disk: every worker stops with one line, exit code 2
     f = L.node_checkpoints(lrun / "local", 4) / "step-000004" / "stage-2.safetensors"
     data = bytearray(f.read_bytes())
