@@ -136,7 +136,7 @@ def run_one(spec: RunSpec) -> str:
     model_cfg = cfg.model_config(data.vocab_size)
     plan = small_model_plan(load_plan(spec.plan_file, validate=False))
     t0 = time.perf_counter()
-    ex, hist = train_plan(plan, cfg, data, model_cfg, progress=True, keep_stage=kind.keep_stage,
+    ex, hist = train_plan(plan, cfg, data, model_cfg, progress=True, keep_stage=kind.keep_stage, grouped=True,
                           desc=f"{spec.kind} s{spec.seed}")
     train_s = time.perf_counter() - t0
     name = f"{spec.kind}-s{spec.seed}"

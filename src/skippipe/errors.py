@@ -222,3 +222,31 @@ class WorkloadError(ConfigError):
 
 class DataError(UserError):
     """Input text, a tokenizer or a prepared token dataset that cannot be used."""
+
+
+# ---------------------------------------------------------------------- local checkpoints (exit 2)
+
+
+class LocalCheckpointError(UserError):
+    """Local checkpoint folders (``[run] checkpoint_storage = "local"``) that cannot be gathered or resumed from."""
+
+
+class StageMissing(LocalCheckpointError):
+    """No folder given holds stage ``stage`` of the iteration wanted."""
+
+    def __init__(self, step: int, stage: int, nodes: list[int]) -> None:
+        self.step, self.stage = step, stage
+        super().__init__(f"step {step}: stage {stage} is in none of the folders given; copy the local checkpoint folder "
+                         f"of its first node (node {min(nodes)}) too" if nodes else f"step {step}: stage {stage} is missing")
+
+
+class MixedIterations(LocalCheckpointError):
+    """The folders given hold different iterations, and none has every stage."""
+
+
+class ChecksumMismatch(LocalCheckpointError):
+    """A file whose sha256 differs from its local manifest (a broken or partial copy)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        super().__init__(f"{path}: sha256 does not match its manifest (a broken or partial copy; copy it again)")

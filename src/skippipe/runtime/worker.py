@@ -101,6 +101,7 @@ class WorkerSetup:
     wire: str = "fp32"  # activations/gradients on the wire (skippipe.runtime.wire)
     wire_error_feedback: bool = False
     elastic: bool = False  # keep the pre-step state for recovery (``handoff.py``)
+    local_checkpoints: Path | None = None  # checkpoint_storage = "local": the local root (local_checkpoint.py)
 
 
 @dataclass
@@ -343,10 +344,9 @@ class Worker:
     def save_checkpoint(self, step: int, keep: int) -> None:
         """All ranks call this (``saving.save_run_checkpoint``); non-finite weights are never written."""
         s = self.s
-        save_run_checkpoint(
-            CheckpointWriter(s.run_dir, s.plan, self.node, s.groups, s.timeout_s, s.model_cfg, s.train_cfg, s.tokenizer),
-            self.stage_index, self.stage, self.optimizer, step, self.losses_so_far, keep,
-        )
+        w = CheckpointWriter(s.run_dir, s.plan, self.node, s.groups, s.timeout_s, s.model_cfg, s.train_cfg, s.tokenizer,
+                             s.local_checkpoints)
+        save_run_checkpoint(w, self.stage_index, self.stage, self.optimizer, step, self.losses_so_far, keep)
 
     def load_checkpoint(self, folder: Path) -> None:
         ckpt.load_stage(folder, self.stage_index, self.stage, self.optimizer)
