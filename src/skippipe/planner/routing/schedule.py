@@ -221,6 +221,10 @@ def plan_skippipe(
     if balanced is not None:
         cands.append(Candidate("balanced", stages, *balanced))
     evaluators = {id(stages): ev}
+    mem_cand = _memory_candidate(problem, stages)
+    if mem_cand is not None:
+        evaluators[id(mem_cand.stages)] = Evaluator(problem, mem_cand.stages)
+        cands.append(mem_cand)
     if problem.fixed_stages is None:
         grouped = group_allocation(problem, seed, deadline)
         if grouped is not None:
@@ -271,6 +275,22 @@ def plan_skippipe(
             alt.meta = {**alt.meta, "candidate": name}
             plan = alt
     return plan
+
+
+def _memory_candidate(problem: Problem, stages: list[list[int]]) -> Candidate | None:
+    """Balanced routing on the memory-ordered allocation (``allocation.memory_ordered``), when
+    the cluster fixes no allocation and memory is uneven; None otherwise."""
+    if problem.fixed_stages is not None:
+        return None
+    from skippipe.planner.allocation.memory_order import memory_ordered
+
+    mem_stages = memory_ordered(problem, stages)
+    if mem_stages is None:
+        return None
+    _sequences(problem, mem_stages)
+    ev = Evaluator(problem, mem_stages)
+    found = balanced_candidate(problem, mem_stages, problem.load_caps(mem_stages), _sequences(problem, mem_stages), ev)
+    return None if found is None else Candidate("memory-order", mem_stages, *found)
 
 
 def cands_by_name(cands: list[Candidate], name: str) -> Candidate | None:
