@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from skippipe.cluster_gen import random_global_cluster, single_site_cluster
 from skippipe.planfile import Microbatch, plan_violations
 from skippipe.planner.allocation import allocate
-from skippipe.planner.allocation.memory_order import memory_ordered
+from skippipe.planner.allocation.memory_order import KEYS, memory_ordered
 from skippipe.planner.methods import make_plan, with_allocation
 from skippipe.planner.problem import build_problem
 from skippipe.planner.routing.balanced import balanced_routes, slot_holds
@@ -37,23 +37,24 @@ def uneven_problems(draw):
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(uneven_problems())
-def test_memory_ordered_keeps_data_nodes_and_sizes_and_sorts_memory(problem):
+@given(uneven_problems(), st.sampled_from(KEYS))
+def test_memory_ordered_keeps_data_nodes_and_sizes_and_sorts_by_its_key(problem, key):
     stages = allocate(problem, seed=0)
-    out = memory_ordered(problem, stages)
+    out = memory_ordered(problem, stages, key)
     if out is None:
         return
     assert sorted(out[0]) == sorted(stages[0])
     assert [len(s) for s in out] == [len(s) for s in stages]
     assert sorted(x for s in out for x in s) == list(range(problem.n))
-    mem = problem.memory
+    mem, fwd = problem.memory, problem.forward_s
+    rank = (lambda x: float(mem[x]) * float(fwd[x])) if key == "per-visit" else (lambda x: int(mem[x]))
     for a, b in zip(out[1:], out[2:]):
-        assert min(int(mem[x]) for x in a) >= max(int(mem[x]) for x in b)  # fewer slots in later stages
+        assert min(rank(x) for x in a) >= max(rank(x) for x in b)  # fewer slots (per visit) in later stages
 
 
 def test_memory_ordered_leaves_uniform_memory_alone():
     problem = build_problem(single_site_cluster(14, seed=1, speed=(0.5, 2.0)), Workload(num_stages=4, path_length=3, n_layers=16))
-    assert memory_ordered(problem, allocate(problem, seed=0)) is None
+    assert all(memory_ordered(problem, allocate(problem, seed=0), key) is None for key in KEYS)
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
