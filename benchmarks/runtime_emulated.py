@@ -33,8 +33,10 @@ from skippipe.workload import Workload
 MODEL = {"preset": "tiny", "d_model": 64, "n_layers": 6, "n_heads": 4, "n_kv_heads": 2, "ffn_dim": 128, "ctx": 32}
 
 
-def run_method(method: str, folder: Path, time_scale: float, iterations: int) -> dict:
-    problem = build_problem(load_cluster("gcp20-current"), Workload())
+def run_method(method: str, folder: Path, time_scale: float, iterations: int, cluster: str = "gcp20-current",
+               wire: str = "bf16") -> dict:
+    """Plan ``method`` on ``cluster`` with ``wire``'s bytes per hop, run it emulated, measure it."""
+    problem = build_problem(load_cluster(cluster), Workload(wire_format=wire))
     plan = make_plan(method, problem, seed=0, time_limit_s=20)
     simulated = plan.predicted_makespan_s
     # the same costs and paths; the model layers become one tiny layer per stage
@@ -48,7 +50,7 @@ def run_method(method: str, folder: Path, time_scale: float, iterations: int) ->
         "train": {"steps": iterations, "tokenizer": "bytes", "corpus": ["shakespeare"], "samples_per_microbatch": 2,
                   "warmup_steps": 1},
         "model": MODEL,
-        "runtime": {"emulate": True, "time_scale": time_scale, "timeout_s": 120.0},
+        "runtime": {"emulate": True, "time_scale": time_scale, "timeout_s": 120.0, "wire": wire},
     }
     (folder / "config.json").write_text(json.dumps(cfg))
     prep = prepare(load_run_config(folder / "config.json"), folder / "run", fresh=True)

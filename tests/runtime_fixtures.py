@@ -53,3 +53,30 @@ def write_config(folder: Path, plan: Plan, steps: int = 3, runtime: dict | None 
     path = folder / "config.json"
     path.write_text(json.dumps(cfg))
     return path
+
+
+def same_checkpoint(a: Path, b: Path) -> None:
+    """Two checkpoint folders hold the same files with the same contents: JSON files equal (the
+    manifest up to the sha256 of optimizer files), safetensors files with bit-equal tensors and
+    equal metadata (safetensors writes metadata keys in no fixed order, so their bytes may differ)."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    names = sorted(p.name for p in a.iterdir())
+    assert sorted(p.name for p in b.iterdir()) == names
+    for name in names:
+        fa, fb = a / name, b / name
+        if name.endswith(".safetensors"):
+            ta, tb = load_file(fa), load_file(fb)
+            assert sorted(ta) == sorted(tb) and all(ta[k].dtype == tb[k].dtype and (ta[k] == tb[k]).all() for k in ta), name
+            with safe_open(fa, framework="pt") as ha, safe_open(fb, framework="pt") as hb:
+                assert ha.metadata() == hb.metadata(), name
+        elif name == "manifest.json":
+            ma, mb = json.loads(fa.read_text()), json.loads(fb.read_text())
+            optim = [n for n in ma["files"] if n.endswith(".optim.safetensors")]
+            for m in (ma, mb):
+                for n in optim:
+                    m["files"][n] = "(tensors compared)"
+            assert ma == mb
+        else:
+            assert fa.read_bytes() == fb.read_bytes(), name

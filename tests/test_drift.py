@@ -28,11 +28,29 @@ def test_beyond_the_threshold_drifts_after_a_full_window(predicted, threshold, w
     seen = []
     m = DriftMonitor(predicted, threshold=threshold, window=window, skip=skip, on_drift=seen.append)
     ratio = 1 + 2 * threshold if slower else max(0.01, 1 - 1.5 * threshold)
-    results = [m.observe(i, predicted * ratio) for i in range(1, skip + 2 * window + 1)]
+    results = [m.observe(i, predicted * ratio) for i in range(1, skip + 5 * window + 1)]
     fired = [i for i, r in zip(range(1, len(results) + 1), results) if r is not None]
-    assert fired == [skip + window, skip + 2 * window]  # the window starts over after each event
+    assert fired == [skip + window]  # reported once, when it starts; not again while it lasts
     assert seen == m.events and all(e.ratio == pytest.approx(ratio) for e in seen)
     assert ("slower" if slower else "faster") in seen[0].describe()
+    # `window` iterations back on the plan end it; a drift after that is reported again, once
+    t = skip + 5 * window
+    assert [m.observe(t + i, predicted) for i in range(1, window + 1)] == [None] * window
+    again = [m.observe(t + window + i, predicted * ratio) for i in range(1, 3 * window + 1)]
+    assert [i for i, r in enumerate(again, start=1) if r is not None] == [window]
+    # a re-plan (rebase) ends it too: a drift still there against the new plan is reported once
+    m.rebase(predicted, t + 4 * window)
+    base = t + 4 * window + 1  # the redone first iteration is skipped
+    after = [m.observe(base + i, predicted * ratio) for i in range(1, 3 * window + 1)]
+    assert [i for i, r in enumerate(after, start=1) if r is not None] == [window]
+    assert len(seen) == 3
+
+
+def test_a_drift_that_dips_back_once_is_not_reported_twice():
+    m = DriftMonitor(10.0, threshold=0.2, window=3, skip=0)
+    values = [20, 20, 20, 20, 10, 20, 20, 20, 20, 10, 10, 20]  # one dip (< window) then on
+    fired = [i for i, v in enumerate(values, start=1) if m.observe(i, v) is not None]
+    assert fired == [3]
 
 
 def test_one_outlier_is_not_drift_and_old_iterations_are_ignored():

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from runtime_fixtures import seven_node_plan
 from skippipe.errors import PlanError, StageLost
+from skippipe.planfile import Plan, check_plan
 from skippipe.planner.shrink import original_nodes, shrink_plan
 from skippipe.runtime import checkpoint as ckpt
 from skippipe.runtime.elastic import Handoff, read_handoffs, recovery_step, sources
@@ -33,15 +34,20 @@ def test_shrunk_plan_keeps_microbatches_stage_sequences_and_balance(sizes, m, se
     except PlanError:  # the toy generator cannot balance every shape
         assume(False)
         return
-    removable = [n for nodes in plan.stages if len(nodes) > 1 for n in nodes]
-    if not removable:
-        return
+    removable = [n for s, nodes in enumerate(plan.stages) for n in nodes if s > 0 or len(nodes) > 1]
     lost = set(data.draw(st.lists(st.sampled_from(removable), min_size=1, max_size=2, unique=True)))
-    if any(all(n in lost for n in nodes) for nodes in plan.stages):
-        with pytest.raises(StageLost):
+    if all(n in lost for n in plan.stages[0]):
+        with pytest.raises(StageLost, match="stage 0 has no node left"):
             shrink_plan(plan, lost)
         return
-    new, kept = shrink_plan(plan, lost)  # check_plan runs inside
+    frozen = [s for s, nodes in enumerate(plan.stages) if all(n in lost for n in nodes)]
+    try:
+        new, kept = shrink_plan(plan, lost)  # check_plan runs inside
+    except StageLost as exc:  # no path fits around the frozen stages: only with a stage frozen
+        assert frozen and "avoids the frozen stages" in str(exc)
+        return
+    assert new.frozen_stages == frozen
+    assert new.constraints.path_length == min(plan.constraints.path_length, plan.num_stages - len(frozen))
     assert kept == [n for n in range(plan.n_nodes) if n not in lost]
     assert new.n_nodes == plan.n_nodes - len(lost)
     assert original_nodes(new) == kept
@@ -50,9 +56,12 @@ def test_shrunk_plan_keeps_microbatches_stage_sequences_and_balance(sizes, m, se
     assert sorted(old_by_id) == sorted(mb.id for mb in new.microbatches)  # the same total and ids: the same data
     for mb in new.microbatches:
         old = old_by_id[mb.id]
-        assert _stage_visits(new, mb) == _stage_visits(plan, old)  # visits move within their stage
+        assert not set(_stage_visits(new, mb)) & set(frozen)  # no path visits a frozen stage
         if old.data_node not in lost:
             assert kept[mb.data_node] == old.data_node
+        if set(_stage_visits(plan, old)) & set(frozen) or new.constraints.path_length != plan.constraints.path_length:
+            continue  # rerouted around a frozen stage
+        assert _stage_visits(new, mb) == _stage_visits(plan, old)  # visits move within their stage
         for n_new, n_old in zip(mb.path, old.path):
             if n_old not in lost:
                 assert kept[n_new] == n_old  # only the lost node's visits move
@@ -80,9 +89,29 @@ def test_a_lost_data_node_gives_its_microbatches_to_the_other_data_node():
     assert all(mb.data_node == 0 for mb in new.microbatches)
 
 
-def test_the_last_node_of_a_stage_cannot_be_dropped():
-    with pytest.raises(StageLost, match=r"stage 2 has no node left \(its nodes \[4\] failed\)"):
-        shrink_plan(seven_node_plan(), {4})
+def test_the_last_node_of_a_stage_leaves_it_frozen_and_skipped_by_every_path():
+    plan = seven_node_plan()  # stages [[0, 1], [2, 3], [4], [5, 6]], L = 3
+    new, kept = shrink_plan(plan, {4})
+    assert new.stages == [[0, 1], [2, 3], [], [4, 5]] and new.frozen_stages == [2]
+    assert [_stage_visits(new, mb) for mb in new.microbatches] == [[1, 3], [3, 1], [1, 3], [3, 1], [1, 3], [1, 3]]
+    assert new.meta["elastic"]["lost"] == [4]
+    # microbatch 2 and 4 did not visit stage 2: their nodes stay
+    assert [kept[n] for n in new.microbatches[2].path] == [3, 5] and [kept[n] for n in new.microbatches[4].path] == [2, 6]
+    reloaded = Plan.from_dict(new.to_dict())
+    assert reloaded.frozen_stages == [2]
+    check_plan(reloaded)
+
+
+def test_losing_every_data_node_stops():
+    with pytest.raises(StageLost, match=r"stage 0 has no node left \(its nodes \[0, 1\] failed\)"):
+        shrink_plan(seven_node_plan(), {0, 1})
+
+
+def test_a_plan_with_fewer_live_stages_than_the_path_length_gets_shorter_paths():
+    plan = skip_plan([2, 1, 1], path_length=3, m=2, n_layers=6, seed=0)  # every path visits stages 1 and 2
+    new, _ = shrink_plan(plan, {3})  # stage 2's only node
+    assert new.frozen_stages == [2] and new.constraints.path_length == 2
+    assert all(_stage_visits(new, mb) == [1] for mb in new.microbatches)
 
 
 def _handoff(tmp_path, node, stage, steps):
@@ -95,11 +124,12 @@ def test_recovery_step_is_the_smallest_newest_step_and_every_stage_needs_a_holde
           4: _handoff(tmp_path, 4, 2, [5, 4]), 6: _handoff(tmp_path, 6, 3, [4, 3])}
     step = recovery_step(hs)
     assert step == 4
-    src = sources(plan, hs, step)
+    src = sources(plan, hs, step, set())
     assert {s: h.node for s, h in src.items()} == {0: 0, 1: 2, 2: 4, 3: 6}
     del hs[4]
     with pytest.raises(StageLost):
-        sources(plan, hs, step)
+        sources(plan, hs, step, set())
+    assert {s: h.node for s, h in sources(plan, hs, step, {2}).items()} == {0: 0, 1: 2, 3: 6}  # a frozen stage needs none
 
 
 def _tiny():

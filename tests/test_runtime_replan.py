@@ -62,6 +62,10 @@ def test_a_slower_link_is_seen_as_drift_and_the_run_replans(tmp_path):
     assert r["recovery_step"] >= EVENT_AT - 1  # the drift is seen only once the link changed
     assert r["makespan_sim_new_s"] < r["makespan_sim_old_s"]  # the new plan is faster on the new costs
     assert "re-plan" in done.stdout
+    # one line when a drift starts and one per re-plan, not one per window
+    drift_lines = [x for x in done.stderr.splitlines() if x.startswith("drift: ")]
+    replan_lines = [x for x in done.stderr.splitlines() if x.startswith("re-plan: drift at iteration")]
+    assert len(replan_lines) == len(replans) and 1 <= len(drift_lines) <= len(replans) + 1, done.stderr[-3000:]
     first = load_plan(tmp_path / "plan.json")
     final = load_plan(run / "plan.json")
     assert final.meta["emulation"]["folded"] == [0]

@@ -26,6 +26,7 @@ COMMANDS: list[tuple[str, str]] = [
     ("worker", "one worker process (used by `train` and by torchrun)"),
     ("eval", "validation perplexity, optionally with stages omitted"),
     ("export", "export a checkpoint to a Hugging Face LLaMA directory"),
+    ("checkpoint", "gather the local checkpoint folders of a run into one checkpoint"),
     ("profile", "measure links, compute and memory of a launch's workers: a cluster file for plan"),
     ("hdee", "heterogeneous domain expert ensembles: train, eval, generate"),
 ]

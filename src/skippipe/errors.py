@@ -155,11 +155,11 @@ class DrainRequested(SkipPipeError):
 class StageLost(RunError):
     """Every node of a stage is gone: no survivor holds its state (recovery refuses)."""
 
-    def __init__(self, stage: int, nodes: list[int]) -> None:
+    def __init__(self, stage: int, nodes: list[int], why: str) -> None:
         self.stage = stage
         self.nodes = nodes
-        super().__init__(f"stage {stage} has no node left (its nodes {nodes} failed); recovering a stage from the last "
-                         "checkpoint is not supported: stopped")
+        self.why = why
+        super().__init__(f"stage {stage} has no node left (its nodes {nodes} failed) and cannot be frozen: {why}; stopped")
 
 
 class RunInterrupted(SkipPipeError):
@@ -222,3 +222,31 @@ class WorkloadError(ConfigError):
 
 class DataError(UserError):
     """Input text, a tokenizer or a prepared token dataset that cannot be used."""
+
+
+# ---------------------------------------------------------------------- local checkpoints (exit 2)
+
+
+class LocalCheckpointError(UserError):
+    """Local checkpoint folders (``[run] checkpoint_storage = "local"``) that cannot be gathered or resumed from."""
+
+
+class StageMissing(LocalCheckpointError):
+    """No folder given holds stage ``stage`` of the iteration wanted."""
+
+    def __init__(self, step: int, stage: int, nodes: list[int]) -> None:
+        self.step, self.stage = step, stage
+        super().__init__(f"step {step}: stage {stage} is in none of the folders given; copy the local checkpoint folder "
+                         f"of its first node (node {min(nodes)}) too" if nodes else f"step {step}: stage {stage} is missing")
+
+
+class MixedIterations(LocalCheckpointError):
+    """The folders given hold different iterations, and none has every stage."""
+
+
+class ChecksumMismatch(LocalCheckpointError):
+    """A file whose sha256 differs from its local manifest (a broken or partial copy)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        super().__init__(f"{path}: sha256 does not match its manifest (a broken or partial copy; copy it again)")

@@ -18,7 +18,8 @@ Core keys (stable across versions):
 
 Optional: ``processing_order`` (node -> list of operations such as ``"F3"``, ``"L3"``, ``"B3"``,
 performed in exactly that order), ``method``, ``seed``, ``workload``, ``model``, ``nodes``,
-``predicted_makespan_s``, ``lower_bound_s``, ``meta``.
+``predicted_makespan_s``, ``lower_bound_s``, ``meta``, ``frozen_stages`` (stages with no node
+left after a failure: no path visits them, their weights stay frozen; see ``validate.py``).
 
 Operations on a microbatch: ``F`` forward of the node's stage (on the data node: embedding +
 stage-0 layers, the injection), ``L`` final norm + head + loss on the data node, ``B`` backward
@@ -131,6 +132,9 @@ class Plan:
     lower_bound_s: float | None = None
     meta: dict[str, Any] = field(default_factory=dict)
     version: int = PLAN_VERSION
+    # stages left with no node (elastic recovery): kept in the layer layout, visited by no path,
+    # their weights frozen; CC3 distances count live stages only (``validate.live_index``)
+    frozen_stages: list[int] = field(default_factory=list)
 
     # ------------------------------------------------------------------ derived views
     @property
@@ -185,6 +189,8 @@ class Plan:
             value = getattr(self, key)
             if value is not None:
                 d[key] = value
+        if self.frozen_stages:
+            d["frozen_stages"] = sorted(int(s) for s in self.frozen_stages)
         if self.meta:
             d["meta"] = self.meta
         return d
@@ -201,6 +207,12 @@ def _req(d: dict[str, Any], key: str, where: str) -> Any:
     if key not in d:
         raise PlanError(f"{where}: missing required key {key!r}")
     return d[key]
+
+
+def _list(value: Any, where: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise PlanError(f"{where}: frozen_stages must be a list of stage indices")
+    return value
 
 
 def _int(value: Any, what: str) -> int:
@@ -345,6 +357,7 @@ def _plan_from_dict(data: Any, where: str) -> Plan:
         lower_bound_s=opt_num("lower_bound_s"),
         meta=dict(data.get("meta") or {}),
         version=version,
+        frozen_stages=[_int(x, f"{where}: frozen_stages entries") for x in _list(data.get("frozen_stages", []), where)],
     )
 
 

@@ -44,6 +44,14 @@ def path_rule_violation(stages_visited: list[int], max_swaps: int, max_jump: int
     return None
 
 
+def live_index(num_stages: int, frozen: list[int]) -> dict[int, int]:
+    """Stage -> its position among the stages that are not frozen. CC3 distances (jumps and
+    swaps) are measured in these positions: a frozen stage is skipped by every path and counts
+    neither for ``max_jump`` nor for a swap's distance (the model runs as if it were not there)."""
+    live = [s for s in range(num_stages) if s not in set(frozen)]
+    return {s: k for k, s in enumerate(live)}
+
+
 def plan_violations(plan: Plan) -> list[str]:
     out: list[str] = []
     n = plan.n_nodes
@@ -54,8 +62,14 @@ def plan_violations(plan: Plan) -> list[str]:
     if S < 1:
         return ["plan has no stages"]
     seen: dict[int, int] = {}
+    frozen = set(plan.frozen_stages)
+    for s in sorted(frozen):
+        if not 0 < s < S:
+            out.append(f"frozen stage {s} is not a stage of 1..{S - 1} (stage 0, the data nodes, cannot be frozen)")
+        elif plan.stages[s]:
+            out.append(f"frozen stage {s} still names nodes {plan.stages[s]}")
     for s, nodes in enumerate(plan.stages):
-        if not nodes:
+        if not nodes and s not in frozen:
             out.append(f"stage {s} has no nodes")
         for node in nodes:
             if not 0 <= node < n:
@@ -86,8 +100,9 @@ def plan_violations(plan: Plan) -> list[str]:
         if m < 1:
             out.append(f"node {node} has memory {m}; every node needs at least 1 slot")
             break
-    if not 1 <= c.path_length <= S:
-        out.append(f"path_length L={c.path_length} must be between 1 and the number of stages S={S}")
+    if not 1 <= c.path_length <= S - len(frozen):
+        out.append(f"path_length L={c.path_length} must be between 1 and the number of stages S={S}"
+                   + (f" less the {len(frozen)} frozen" if frozen else ""))
     if c.max_swaps < 0 or c.max_jump < 0:
         out.append("max_swaps and max_jump must be >= 0")
     costs = plan.costs
@@ -126,7 +141,10 @@ def plan_violations(plan: Plan) -> list[str]:
         if 0 in visited:
             out.append(f"{w}: path runs stage 0 again (CC1/CC2: stage 0 only on its own data node)")
             continue
-        reason = path_rule_violation(visited, c.max_swaps, c.max_jump)
+        live = live_index(S, plan.frozen_stages)
+        reason = path_rule_violation([live[s] for s in visited], c.max_swaps, c.max_jump)
+        if reason and frozen:
+            reason += f" (counted over the stages not frozen, {sorted(live)})"
         if reason and plan.version < 2 and reason.startswith("jumps from"):
             out.append(f"{OLD_JUMP_MEANING} ({w}: stage order {[0, *visited]} {reason})")
         elif reason:

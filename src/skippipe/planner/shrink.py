@@ -12,7 +12,12 @@ them in their old order (``kept[new] = old``). Each stage keeps its layers and i
   and ``after`` dependencies stay; a ``processing_order`` is dropped (it was for other nodes);
   per-node caps grow where a node now carries more (``max_load``).
 
-A stage with no node left raises ``StageLost``. Torch-free.
+A non-data stage with no node left is **frozen** (``Plan.frozen_stages``): it keeps its layers
+but no path visits it; each path that visited it is filled up again with other stages
+(``planner.frozen.reroute``: CC3 counted over the live stages, the one relaxation). When fewer
+live stages than ``path_length`` remain, the path length shrinks to their number. Stage 0 with
+no node left raises ``StageLost`` (the data nodes hold the embedding, the head and the data).
+Torch-free.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import numpy as np
 
 from skippipe.errors import StageLost
 from skippipe.planfile import Constraints, Microbatch, Plan, check_plan
+from skippipe.planner.frozen import reroute
 
 
 def original_nodes(plan: Plan) -> list[int]:
@@ -33,10 +39,13 @@ def original_nodes(plan: Plan) -> list[int]:
 
 def shrink_plan(plan: Plan, lost: set[int]) -> tuple[Plan, list[int]]:
     """The plan without the nodes in ``lost``, and ``kept`` (new node id -> old node id)."""
-    for s, nodes in enumerate(plan.stages):
-        if all(n in lost for n in nodes):
-            orig = original_nodes(plan)
-            raise StageLost(s, [orig[n] for n in nodes])
+    orig = original_nodes(plan)
+    if all(n in lost for n in plan.stages[0]):
+        raise StageLost(0, [orig[n] for n in plan.stages[0]], "the data nodes hold the embedding, the head and the data")
+    newly = [s for s, nodes in enumerate(plan.stages) if nodes and all(n in lost for n in nodes)]
+    frozen = sorted(set(plan.frozen_stages) | set(newly))
+    c = plan.constraints
+    path_length = min(c.path_length, plan.num_stages - len(frozen))
     kept = [n for n in range(plan.n_nodes) if n not in lost]
     new_id = {old: new for new, old in enumerate(kept)}
     stage_of = plan.stage_of()
@@ -54,8 +63,11 @@ def shrink_plan(plan: Plan, lost: set[int]) -> tuple[Plan, list[int]]:
         if data in lost:
             data = min(owned, key=lambda n: (owned[n], n))
             owned[data] += 1
+        old_path = mb.path
+        if newly or len(old_path) != path_length - 1:
+            old_path = _around_frozen(plan, mb, frozen, path_length, lost, load)
         path = []
-        for n in mb.path:
+        for n in old_path:
             if n in lost:
                 others = [o for o in plan.stages[stage_of[n]] if o not in lost]
                 n = min(others, key=lambda o: (load[o], o))
@@ -65,12 +77,10 @@ def shrink_plan(plan: Plan, lost: set[int]) -> tuple[Plan, list[int]]:
     idx = np.array(kept, dtype=int)
     costs = replace(plan.costs, transfer_s=np.asarray(plan.costs.transfer_s)[np.ix_(idx, idx)],
                     forward_s=np.asarray(plan.costs.forward_s)[idx])
-    c = plan.constraints
     max_load = None
     if c.max_load is not None:
         max_load = [int(c.max_load[old]) for old in kept]
-    constraints = Constraints(path_length=c.path_length, max_swaps=c.max_swaps, max_jump=c.max_jump, max_load=max_load)
-    orig = original_nodes(plan)
+    constraints = Constraints(path_length=path_length, max_swaps=c.max_swaps, max_jump=c.max_jump, max_load=max_load)
     lost_before = plan.meta.get("elastic", {}).get("lost", []) if isinstance(plan.meta.get("elastic"), dict) else []
     meta = {**plan.meta, "elastic": {"original_nodes": [orig[n] for n in kept],
                                      "lost": [*lost_before, *sorted(orig[n] for n in lost)]}}
@@ -80,9 +90,35 @@ def shrink_plan(plan: Plan, lost: set[int]) -> tuple[Plan, list[int]]:
         costs=costs, microbatches=mbs, method=plan.method, seed=plan.seed, processing_order=None,
         workload=plan.workload, model=plan.model, meta=meta,
         nodes=None if plan.nodes is None else [{**plan.nodes[old], "id": new} for new, old in enumerate(kept)],
+        frozen_stages=frozen,
     )
     if out.constraints.max_load is not None:
         load_now = out.load_per_node()
         out.constraints.max_load = [max(cap, have) for cap, have in zip(out.constraints.max_load, load_now)]
     check_plan(out, "the plan for the surviving nodes")
     return out, kept
+
+
+def _around_frozen(plan: Plan, mb: Microbatch, frozen: list[int], path_length: int, lost: set[int],
+                   load: dict[int, int]) -> list[int]:
+    """``mb``'s path (old node ids) with its visits to frozen stages replaced by visits to other
+    stages, each to that stage's least-loaded surviving node (``load`` is updated)."""
+    stage_of = plan.stage_of()
+    alive = {s: [n for n in nodes if n not in lost] for s, nodes in enumerate(plan.stages)}
+    cost = {s: min(load[n] for n in nodes) for s, nodes in alive.items() if nodes}
+    visits = [stage_of[n] for n in mb.path]
+    seq = reroute(visits, set(frozen), plan.num_stages, path_length, plan.constraints.max_swaps, plan.constraints.max_jump,
+                  cost)
+    if seq is None:
+        stage = min(set(visits) & set(frozen), default=frozen[0])
+        raise StageLost(stage, [], f"no path for microbatch {mb.id} avoids the frozen stages {frozen} within the path rules")
+    old = {stage_of[n]: n for n in mb.path}
+    out = []
+    for s in seq:
+        if s in old:
+            out.append(old[s])
+        else:
+            node = min(alive[s], key=lambda n: (load[n], n))
+            load[node] += 1
+            out.append(node)
+    return out

@@ -27,11 +27,14 @@ Every re-plan and rejoin is reported in ``RUN/replans.json`` (``Replan``). Torch
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+from tqdm import tqdm
 
 from skippipe.errors import DrainRequested
 from skippipe.fileio import atomic_write_text
@@ -39,7 +42,10 @@ from skippipe.planfile import Plan, load_plan, save_plan
 from skippipe.planner.replan import replan, with_transfer
 from skippipe.planner.shrink import original_nodes, shrink_plan
 from skippipe.runtime import elastic as E
+from skippipe.runtime.config import JoinEvent
 from skippipe.runtime.emulation import changed_transfer, folded_events, link_changes
+from skippipe.runtime.frozen import thaw
+from skippipe.runtime.join import join_new_node
 from skippipe.sim import simulate
 
 REPORT = "replans.json"
@@ -67,6 +73,7 @@ class Replan:
     nodes: int = 0  # nodes in the new plan
     restarted_at: float | None = None
     restart_s: float | None = None  # new round started -> its first iteration done
+    stage_choice: dict[int, float] | None = None  # a new node: simulated makespan per stage it could join
 
 
 FIRST_PLAN = "plan-first.json"  # under RUN/elastic: the run's first plan, with every node
@@ -74,10 +81,27 @@ FIRST_PLAN = "plan-first.json"  # under RUN/elastic: the run's first plan, with 
 
 class RejoinWatch:
     """Which ``[runtime] rejoin`` events are due: a node not in the current plan whose iteration
-    has come (the boundary before it)."""
+    has come (the boundary before it); and which ``[runtime] join`` events (a brand-new node,
+    ``join.py``) are due: their iteration has come and their ``like`` node runs."""
 
-    def __init__(self, events: Sequence[Any]) -> None:
+    def __init__(self, events: Sequence[Any], joins: Sequence[Any] = ()) -> None:
         self.left = [(int(e.iteration), int(e.node)) for e in events]
+        self.joins = list(joins)
+
+    def waiting(self) -> bool:
+        return bool(self.left or self.joins)
+
+    def request(self, done_iterations: int, plan: Plan) -> DrainRequested | None:
+        """The drain request for the next rejoin or join that is due, if any."""
+        node = self.due(done_iterations, plan)
+        if node is not None:
+            return DrainRequested(f"node {node} rejoins after iteration {done_iterations}", node)
+        running = set(original_nodes(plan))
+        for k, e in enumerate(self.joins):
+            if done_iterations + 1 >= int(e.iteration) and int(e.like) in running:
+                del self.joins[k]
+                return DrainRequested(f"a new node joins after iteration {done_iterations}", e)
+        return None
 
     def due(self, done_iterations: int, plan: Plan) -> int | None:
         """The original id of a node to bring back now, if any."""
@@ -96,7 +120,9 @@ def grow_plan(first: Plan, plan: Plan, node: int, events: Sequence[object], iter
     base, _ = shrink_plan(first, {n for n in range(first.n_nodes) if n not in keep})
     base.meta = {**base.meta, "emulation": dict(plan.meta.get("emulation") or {})}
     transfer, folded = fold_due(base, events, iteration)
-    grown = replan(base, transfer, method=method, seed=seed, fixed_stages=True)
+    # a stage still frozen: the planner plans whole pipelines, so the shrunk first plan's paths are kept
+    grown = with_transfer(base, transfer) if base.frozen_stages else replan(base, transfer, method=method, seed=seed,
+                                                                             fixed_stages=True)
     emu = grown.meta.get("emulation") or {}
     grown.meta = {**grown.meta, "emulation": {**emu, "folded": sorted(set(folded_events(base)) | set(folded))}}
     return grown
@@ -127,15 +153,21 @@ def replan_after_drain(run_dir: Path, plan: Plan, request: DrainRequested, round
     transfer, folded = fold_due(base, events, step + 1)
     old_on_new = with_transfer(base, transfer)
     joiner = request.payload if isinstance(request.payload, int) else None
-    if joiner is not None:
+    stage_choice: dict[int, float] | None = None
+    if isinstance(request.payload, JoinEvent):
+        new_plan, joiner, stage_choice = join_new_node(run_dir, base, request.payload, transfer, method, seed)
+    elif joiner is not None:
         first = load_plan(run_dir / "elastic" / FIRST_PLAN)
         new_plan = grow_plan(first, base, joiner, events, step + 1, method, seed)
+    elif base.frozen_stages:  # the planner plans whole pipelines: with a frozen stage the paths are kept
+        new_plan = old_on_new
     else:
         new_plan = replan(base, transfer, method=method, seed=seed)
     emu = dict(plan.meta.get("emulation") or {}) if isinstance(plan.meta.get("emulation"), dict) else {}
     done = set(folded_events(new_plan)) | set(folded_events(plan)) | set(folded)
     new_plan.meta = {**new_plan.meta, "emulation": {**emu, "folded": sorted(done)}}
     E.write_recovery_checkpoint(run_dir, plan, new_plan, handoffs, step, keep, write_meta)
+    thaw(run_dir, new_plan)  # a node rejoined a frozen stage: it restores it from that checkpoint
     save_plan(new_plan, run_dir / "plan.json")
     save_plan(new_plan, run_dir / "elastic" / f"plan-round-{round_index + 1}.json")
     sim_old, sim_new = simulate(old_on_new, bound=False), simulate(new_plan, bound=False)
@@ -147,10 +179,20 @@ def replan_after_drain(run_dir: Path, plan: Plan, request: DrainRequested, round
         makespan_sim_old_s=sim_old.makespan_s if sim_old.finished else None,
         makespan_sim_new_s=sim_new.makespan_s if sim_new.finished else None,
         new_paths=not (new_plan.stages == base.stages and new_plan.microbatches == base.microbatches),
-        joined=joiner, nodes=new_plan.n_nodes,
+        joined=joiner, nodes=new_plan.n_nodes, stage_choice=stage_choice,
         stages_before=_original_stages(plan), stages_after=_original_stages(new_plan),
     )
+    tqdm.write(announce(record), file=sys.stderr)  # the one line at the re-plan (the drift had its own)
     return new_plan, record
+
+
+def announce(r: Replan) -> str:
+    """The line printed when the launcher re-plans (drift), or a node rejoins or joins."""
+    kind = "join" if r.stage_choice else "rejoin" if r.joined is not None else "re-plan"
+    new = f"{r.makespan_sim_new_s:.2f}" if r.makespan_sim_new_s is not None else "?"
+    old = f"{r.makespan_sim_old_s:.2f}" if r.makespan_sim_old_s is not None else "?"
+    return (f"{kind}: {r.reason}; going on from step {r.recovery_step} with stages {r.stages_after} "
+            f"(simulated makespan {old} -> {new} s)")
 
 
 def measure(run_dir: Path, replans: list[Replan]) -> None:
@@ -177,6 +219,10 @@ def format_replans(replans: list[Replan]) -> list[str]:
         new = f"{r.makespan_sim_new_s:.2f}" if r.makespan_sim_new_s is not None else "?"
         restart = f"{r.restart_s:.1f}" if r.restart_s is not None else "?"
         what = "rejoin          " if r.joined is not None else "re-plan         "
+        if r.stage_choice:
+            into = next(k for k, nodes in enumerate(r.stages_after) if r.joined in nodes)
+            figs = ", ".join(f"{k}: {v:.2f}" for k, v in sorted(r.stage_choice.items()))
+            what = f"join            new node {r.joined} into stage {into} (simulated makespan if it joins stage {figs} s); "
         out.append(f"{what}{r.reason}; in iteration {r.iteration}, went on from step {r.recovery_step} "
                    f"with stages {r.stages_after}: simulated makespan on the new costs {old} -> {new} s; "
                    f"drain {r.drain_s:.1f} s, re-plan {r.replan_s:.2f} s, restart {restart} s")

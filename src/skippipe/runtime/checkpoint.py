@@ -98,23 +98,7 @@ def commit(
     if write_meta is not None:
         write_meta(tmp)
     atomic_write_text(tmp / "plan.json", json.dumps(plan.to_dict(), indent=1) + "\n")
-    num_stages = plan.num_stages
-    needed = ["plan.json"] + [f for s in range(num_stages) for f in stage_files(s)]
-    missing = [n for n in needed if not (tmp / n).is_file()]
-    if missing:
-        raise CheckpointError(f"checkpoint of step {step}: {', '.join(missing)} were not written")
-    names = sorted(p.name for p in tmp.iterdir() if p.is_file() and not p.name.startswith(".") and p.name != "manifest.json")
-    manifest = {
-        "format": FORMAT,
-        "version": VERSION,
-        "step": step,
-        "num_stages": num_stages,
-        "plan_sha256": plan_digest(plan),
-        "losses": [float(x) for x in losses],
-        "files": {n: file_sha256(tmp / n) for n in names},
-        **(extra or {}),
-    }
-    atomic_write_text(tmp / "manifest.json", json.dumps(manifest, indent=1) + "\n")
+    write_manifest(tmp, step, plan.num_stages, plan_digest(plan), losses, extra=extra)
     final = step_dir(run_dir, step)
     if final.exists():
         shutil.rmtree(final)
@@ -122,6 +106,31 @@ def commit(
     _fsync_dir(final.parent)
     prune(run_dir, keep)
     return final
+
+
+def write_manifest(
+    folder: Path, step: int, num_stages: int, plan_sha256: str, losses: list[float], known: dict[str, str] | None = None,
+    extra: dict[str, Any] | None = None,
+) -> None:
+    """``manifest.json`` over every file of a filled checkpoint folder (written last). ``known``: sha256
+    already computed for some files (``skippipe checkpoint gather`` hashes while it copies)."""
+    needed = ["plan.json"] + [f for s in range(num_stages) for f in stage_files(s)]
+    missing = [n for n in needed if not (folder / n).is_file()]
+    if missing:
+        raise CheckpointError(f"checkpoint of step {step}: {', '.join(missing)} were not written")
+    names = sorted(p.name for p in folder.iterdir() if p.is_file() and not p.name.startswith(".") and p.name != "manifest.json")
+    known = known or {}
+    manifest = {
+        "format": FORMAT,
+        "version": VERSION,
+        "step": step,
+        "num_stages": num_stages,
+        "plan_sha256": plan_sha256,
+        "losses": [float(x) for x in losses],
+        "files": {n: known[n] if n in known else file_sha256(folder / n) for n in names},
+        **(extra or {}),
+    }
+    atomic_write_text(folder / "manifest.json", json.dumps(manifest, indent=1) + "\n")
 
 
 def prune(run_dir: str | Path, keep: int) -> None:

@@ -33,6 +33,7 @@ from typing import Any, ClassVar, Literal
 
 from skippipe.config_fields import check_fields, invalid, read_config_file, read_dataclass, to_table
 from skippipe.costs import WireFormat
+from skippipe.errors import ConfigError
 from skippipe.workload import TRAINING_SHAPE, PipelineShape, Workload
 
 POSITIVE = {"min": 1}
@@ -50,9 +51,17 @@ class RunSection:
     # the iteration (1-based) whose timeline is drawn (-1: the last one)
     timeline_iteration: int = field(default=-1, metadata={"min": -1})
     log_every: int = field(default=1, metadata=POSITIVE)  # iterations between metric records
+    # "shared": every worker writes into RUN/checkpoints (one filesystem); "local": each stage's first node
+    # writes only its stage into its own folder under local_checkpoint_dir (``skippipe checkpoint gather`` joins them)
+    checkpoint_storage: Literal["shared", "local"] = "shared"
+    local_checkpoint_dir: str | None = None  # "local": the root on every machine (None: RUN/local); node-NNN/ inside
 
     def __post_init__(self) -> None:
         check_fields(self)
+        if self.local_checkpoint_dir is not None and self.checkpoint_storage != "local":
+            raise invalid(self, "local_checkpoint_dir", 'local_checkpoint_dir needs checkpoint_storage = "local"')
+        if self.local_checkpoint_dir == "":
+            raise invalid(self, "local_checkpoint_dir", "local_checkpoint_dir must name a folder, got an empty string")
         if self.timeline_iteration == 0:
             raise invalid(self, "timeline_iteration", "timeline_iteration must be -1 (the last) or an iteration >= 1, got 0")
 
@@ -135,6 +144,24 @@ class RejoinEvent:
 
 
 @dataclass(frozen=True)
+class JoinEvent:
+    """A brand-new node joins at the boundary before iteration ``iteration`` (1-based). Its costs
+    (forward time, memory, hop times) are those of node ``like`` (first-plan id, running then: the
+    stand-in for a node that announces itself); ``stage``: the stage it joins (unset: the one
+    whose extra replica shortens the simulated makespan most). It gets its stage's state from a
+    peer, not from disk."""
+
+    config_label: ClassVar[str] = "runtime.join"
+
+    iteration: int = field(default=1, metadata=POSITIVE)
+    like: int = field(default=0, metadata={"min": 0})
+    stage: int | None = field(default=None, metadata={"min": 1})
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+
+@dataclass(frozen=True)
 class RuntimeSection:
     config_label: ClassVar[str] = "runtime"
 
@@ -170,6 +197,8 @@ class RuntimeSection:
     max_replans: int = field(default=2, metadata={"min": 0})  # re-plans on drift in one run
     # with on_failure = "continue": failed nodes that start again, e.g. [{iteration = 8, node = 3}]
     rejoin: list[RejoinEvent] = field(default_factory=list)
+    # with on_failure = "continue": brand-new nodes that join, e.g. [{iteration = 6, like = 4}]
+    join: list[JoinEvent] = field(default_factory=list)
 
     def deterministic_for(self, model_params: int) -> bool:
         """``deterministic`` as set, else on for models of at most ``DETERMINISTIC_MAX_PARAMS``."""
@@ -210,6 +239,9 @@ class RunConfig:
 
 def run_config_from_dict(data: dict[str, Any], base_dir: Path | None = None, where: str = "config") -> RunConfig:
     cfg = read_dataclass(RunConfig, data, where)
+    if cfg.run.checkpoint_storage == "local" and cfg.runtime.on_failure != "stop":
+        raise ConfigError('checkpoint_storage = "local" needs [runtime] on_failure = "stop" (recovery reads a shared folder)',
+                          where=f"{where} [run]", key="checkpoint_storage")
     if base_dir is not None:
         cfg = _resolve_paths(cfg, base_dir)
     cfg.train_config(where)  # validate [train] and [model] now, with their own messages

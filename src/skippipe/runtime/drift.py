@@ -4,7 +4,11 @@ The launcher feeds each metrics record (iteration, ``makespan_plan_s``: the meas
 plan seconds) to a ``DriftMonitor``. When ``window`` iterations in a row differ from the predicted
 makespan by more than ``threshold`` (relative, the same direction), it reports a ``DriftEvent``
 and calls its ``on_drift`` hook; the hook runs at an iteration boundary (a record arrives after
-its iteration ended), the point where a new plan could be adopted. Torch-free.
+its iteration ended), the point where a new plan could be adopted. A drift is reported once,
+when it starts: while it lasts no further event is raised; it ends after ``window`` iterations
+in a row that are not beyond the threshold in its direction, or when the monitor is rebased on
+a new plan (``rebase``), after which a drift that is still there is reported again once.
+Torch-free.
 """
 
 from __future__ import annotations
@@ -39,6 +43,8 @@ class DriftMonitor:
     events: list[DriftEvent] = field(default_factory=list)
     _recent: deque[tuple[int, float]] = field(default_factory=deque)
     _last: int = 0
+    _drifting: int = 0  # the direction of the drift under way (+1 slower, -1 faster), 0: none
+    _calm: int = 0  # iterations in a row not beyond the threshold in that direction
 
     def __post_init__(self) -> None:
         if not (self.predicted_s > 0 and math.isfinite(self.predicted_s)):
@@ -47,12 +53,21 @@ class DriftMonitor:
             raise ValueError("drift: threshold must be > 0, window >= 1, skip >= 0")
 
     def observe(self, iteration: int, measured_s: float) -> DriftEvent | None:
-        """One iteration's measured makespan (plan seconds); a ``DriftEvent`` when drift is found.
+        """One iteration's measured makespan (plan seconds); a ``DriftEvent`` when a drift starts.
         After an event the window starts over (the hook may have changed the plan)."""
         if iteration <= self._last:
             return None
         self._last = iteration
         if iteration <= self.skip or not math.isfinite(measured_s):
+            return None
+        if self._drifting:
+            ratio = measured_s / self.predicted_s
+            beyond = ratio > 1 + self.threshold if self._drifting > 0 else ratio < 1 - self.threshold
+            self._calm = 0 if beyond else self._calm + 1
+            if self._calm < self.window:
+                return None  # the drift already reported goes on
+            self._drifting, self._calm = 0, 0
+            self._recent.clear()
             return None
         self._recent.append((iteration, measured_s))
         while len(self._recent) > self.window:
@@ -66,6 +81,7 @@ class DriftMonitor:
         event = DriftEvent(iteration, measured, self.predicted_s, measured / self.predicted_s)
         self.events.append(event)
         self._recent.clear()
+        self._drifting, self._calm = (1 if event.ratio > 1 else -1), 0
         if self.on_drift is not None:
             self.on_drift(event)
         return event
@@ -77,6 +93,7 @@ class DriftMonitor:
             raise ValueError(f"drift: predicted makespan must be a positive number, got {predicted_s}")
         self.predicted_s = predicted_s
         self._recent.clear()
+        self._drifting, self._calm = 0, 0
         self._last = after_iteration
         self.skip = after_iteration + 1
 

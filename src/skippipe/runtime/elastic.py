@@ -7,10 +7,12 @@ every worker knows ``$SKIPPIPE_HANDOFF_DIR = RUN/elastic/round-K`` and keeps its
 1. the launcher kills it (a silent node is still running) and waits until every survivor has
    handed its stage state over (current state and pre-step snapshot) and exited (``NodeLost``);
 2. the recovery step R is the smallest step count among the survivors, which each holds;
-3. the plan is recomputed for the survivors (``planner.shrink``); a stage with no node left
-   stops the run (``StageLost``, exit 3);
+3. the plan is recomputed for the survivors (``planner.shrink``); a non-data stage with no node
+   left is frozen: its weights come from the newest valid checkpoint (``frozen.py``); with no
+   checkpoint, or no data node left, the run stops (``StageLost``, exit 3);
 4. the first survivor of each stage that holds step R gives its files to a regular checkpoint
-   ``checkpoints/step-R`` written for the new plan (``checkpoint.commit``: atomic, verified);
+   ``checkpoints/step-R`` written for the new plan (``checkpoint.commit``: atomic, verified); a
+   frozen stage's files come from the frozen store;
 5. round K+1 starts the survivors as fresh processes with the new plan, resuming from step R.
 
 Every failure is reported in ``RUN/failures.json`` (``Failure``). Torch-free.
@@ -31,6 +33,7 @@ from skippipe.fileio import atomic_write_text
 from skippipe.planfile import Plan, save_plan
 from skippipe.planner.shrink import original_nodes, shrink_plan
 from skippipe.runtime import checkpoint as ckpt
+from skippipe.runtime import frozen as F
 from skippipe.runtime import runfolder
 from skippipe.runtime.metrics import read_metrics
 
@@ -74,6 +77,7 @@ class Failure:
     iter_before_s: float | None = None  # measured mean real seconds per iteration
     iter_after_s: float | None = None
     restarted_at: float | None = None
+    frozen: dict[int, int] | None = None  # stages frozen by this failure -> the checkpoint step of their weights
 
 
 def read_handoffs(folder: Path) -> dict[int, Handoff]:
@@ -97,27 +101,35 @@ def recovery_step(handoffs: dict[int, Handoff]) -> int:
     return min(max(h.steps) for h in handoffs.values())
 
 
-def sources(plan: Plan, handoffs: dict[int, Handoff], step: int) -> dict[int, Handoff]:
-    """Per stage, the first node (plan order) that handed over ``step``; ``StageLost`` if none did."""
+def sources(plan: Plan, handoffs: dict[int, Handoff], step: int, frozen: set[int]) -> dict[int, Handoff]:
+    """Per stage not in ``frozen``, the first node (plan order) that handed over ``step``;
+    ``StageLost`` if none did."""
     out: dict[int, Handoff] = {}
     for s, nodes in enumerate(plan.stages):
+        if s in frozen:
+            continue
         have = [handoffs[n] for n in sorted(nodes) if n in handoffs and step in handoffs[n].steps]
         if not have:
             orig = original_nodes(plan)
-            raise StageLost(s, [orig[n] for n in nodes])
+            raise StageLost(s, [orig[n] for n in nodes], f"no survivor handed over step {step}")
         out[s] = have[0]
     return out
 
 
 def write_recovery_checkpoint(run_dir: Path, plan: Plan, new_plan: Plan, handoffs: dict[int, Handoff], step: int, keep: int,
                               write_meta: Callable[[Path, Plan, int], None]) -> Path:
-    """``checkpoints/step-R`` for ``new_plan`` from the survivors' files (atomic, verified on resume)."""
-    src = sources(plan, handoffs, step)
+    """``checkpoints/step-R`` for ``new_plan`` from the survivors' files (atomic, verified on
+    resume); the stages frozen in either plan from the frozen store."""
+    frozen = set(plan.frozen_stages) | set(new_plan.frozen_stages)
+    src = sources(plan, handoffs, step, frozen)
     runfolder.clean_partials(run_dir)
     tmp = ckpt.begin(run_dir, step)
     for s, h in src.items():
         for name in ckpt.stage_files(s):
             shutil.copyfile(h.files(step) / name, tmp / name)
+    for s in sorted(frozen):
+        for name in ckpt.stage_files(s):
+            shutil.copyfile(F.store(run_dir) / name, tmp / name)
     losses = next(h.losses[:step] for h in handoffs.values() if len(h.losses) >= step)
     return ckpt.commit(run_dir, step, new_plan, losses, keep, write_meta=lambda folder: write_meta(folder, new_plan, step))
 
@@ -131,6 +143,12 @@ def recover(run_dir: Path, plan: Plan, lost: NodeLost, round_index: int, keep: i
     assert lost.node is not None
     gone = {lost.node} | {n for n in range(plan.n_nodes) if n not in handoffs}
     new_plan, _ = shrink_plan(plan, gone)
+    frozen: dict[int, int] | None = None
+    if set(new_plan.frozen_stages) - set(plan.frozen_stages):
+        orig = original_nodes(plan)
+        steps = F.freeze(run_dir, new_plan.frozen_stages, plan.frozen_stages,
+                         {s: [orig[n] for n in plan.stages[s]] for s in new_plan.frozen_stages})
+        frozen = {s: v for s, v in steps.items() if s not in plan.frozen_stages}
     step = recovery_step(handoffs)
     write_recovery_checkpoint(run_dir, plan, new_plan, handoffs, step, keep, write_meta)
     save_plan(new_plan, run_dir / "plan.json")
@@ -145,7 +163,7 @@ def recover(run_dir: Path, plan: Plan, lost: NodeLost, round_index: int, keep: i
         seen_at=lost.seen_at, decided_at=lost.decided_at, drained_at=lost.drained_at, replanned_at=now,
         detect_s=lost.decided_at - lost.seen_at, drain_s=lost.drained_at - lost.decided_at, replan_s=now - lost.drained_at,
         makespan_sim_before_s=before.makespan_s if before.finished else None,
-        makespan_sim_after_s=after.makespan_s if after.finished else None,
+        makespan_sim_after_s=after.makespan_s if after.finished else None, frozen=frozen,
     )
     return new_plan, fail
 
@@ -233,4 +251,7 @@ def format_failures(failures: list[Failure]) -> list[str]:
         out.append(f"failure         node {f.node} ({f.kind}) in iteration {f.iteration}: {f.nodes_left} nodes went on from "
                    f"step {f.recovery_step}; detect {f.detect_s:.1f} s, drain {f.drain_s:.1f} s, re-plan {f.replan_s:.2f} s, "
                    f"restart {restart} s{sim}{meas}")
+        for stage, step in sorted((f.frozen or {}).items()):
+            out.append(f"frozen          stage {stage}: no node left; every path skips it, its weights stay those of the "
+                       f"checkpoint of step {step}")
     return out

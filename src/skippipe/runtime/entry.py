@@ -191,6 +191,8 @@ def _run(args: WorkerArgs, stop: StopRequest) -> int:
     from skippipe.runtime.config import load_run_config
     from skippipe.runtime.emulation import Emulation
     from skippipe.runtime.handoff import hand_off, handoff_dir
+    from skippipe.runtime.local_checkpoint import root_of
+    from skippipe.runtime.local_resume import resume_position, share_from_owner
     from skippipe.runtime.metrics import MetricsWriter, truncate_metrics
     from skippipe.runtime.worker import Worker, WorkerSetup
 
@@ -230,7 +232,15 @@ def _run(args: WorkerArgs, stop: StopRequest) -> int:
     found = None
     node = env.rank
     joining = rejoin.joiners()
-    if args.resume and node not in joining:  # a joiner reads nothing from disk: its state comes from a peer
+    local = root_of(run_dir, cfg.run.local_checkpoint_dir) if cfg.run.checkpoint_storage == "local" else None
+    # local storage: each stage's first node reads its own folder, its replicas get the state from it (local_resume.py)
+    back = resume_position(local, plan, node, groups, rt.timeout_s) if args.resume and local is not None else None
+    # a joiner reads nothing from disk: its state comes from a peer; one that rejoins a frozen
+    # stage has no peer holding it and restores it from the recovery checkpoint (``frozen.py``)
+    from_disk = node in joining and all(n in joining for n in plan.stages[plan.stage_of()[node]])
+    if back is not None:
+        start, losses = back.start, back.losses
+    elif args.resume and (node not in joining or from_disk):
         found = ckpt.latest(run_dir)
         if found is None:
             raise UserError(f"--resume: {run_dir} holds no checkpoint")
@@ -252,14 +262,23 @@ def _run(args: WorkerArgs, stop: StopRequest) -> int:
         checkpoint_every=cfg.run.checkpoint_every, keep_checkpoints=cfg.run.keep_checkpoints,
         metrics=metrics, log_every=cfg.run.log_every, timeline_iteration=cfg.run.timeline_iteration, stop=stop,
         wire=rt.wire, wire_error_feedback=rt.wire_error_feedback,
-        elastic=handoff_dir() is not None,
+        elastic=handoff_dir() is not None, local_checkpoints=local,
     )
     worker = Worker(setup)
     if found is not None:
         worker.load_checkpoint(found)
+    if back is not None:
+        if back.folder is not None:
+            worker.load_checkpoint(back.folder)
+        line = share_from_owner(worker.stage, worker.optimizer, groups)
+        _log(f"resumed from local step {start}" + (f" ({line})" if line else f", stage {worker.stage_index} from {back.folder}"))
     worker.losses_so_far = losses
+    if from_disk and found is not None:
+        _log(f"joined: stage {worker.stage_index} was frozen (no node held it); restored its weights and optimizer state "
+             f"from {found} (digest {rejoin.state_digest(worker.stage, worker.optimizer)})")
     if joining:
-        line = rejoin.share_stage_state(worker.stage, worker.optimizer, groups.stage, groups.stage_ranks, joining)
+        by_peer = joining - {n for n in joining if all(m in joining for m in plan.stages[plan.stage_of()[n]])}
+        line = rejoin.share_stage_state(worker.stage, worker.optimizer, groups.stage, groups.stage_ranks, by_peer)
         if line:
             _log(line)
     try:

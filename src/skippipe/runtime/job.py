@@ -20,8 +20,7 @@ from typing import Any
 from skippipe.errors import DrainRequested, NodeLost, PlanCannotFinish, ResumeMismatch, RunFailed, StageLost, UserError
 from skippipe.fileio import atomic_write_text
 from skippipe.planfile import Plan, load_plan, save_plan
-from skippipe.runtime import checkpoint as ckpt
-from skippipe.runtime import runfolder
+from skippipe.runtime import local_checkpoint, runfolder
 from skippipe.runtime.config import RunConfig
 from skippipe.runtime.metrics import METRICS_FILE, read_metrics
 from skippipe.runtime.throughput import Throughput, iteration_flops, measure
@@ -101,18 +100,12 @@ def prepare(cfg: RunConfig, run_dir: Path, resume: bool = False, fresh: bool = F
     seq_len = train.tokens_per_sample(model_cfg)
     start = 0
     if resume:
-        latest = ckpt.latest(run_dir)
-        if latest is None:
-            raise UserError(f"--resume: {run_dir} holds no checkpoint")
-        plan_file = latest / "plan.json"
-        if not plan_file.is_file():
-            raise ckpt.CheckpointError(f"checkpoint {latest}: plan.json is missing")
+        plan_file, start = local_checkpoint.resume_point(run_dir, cfg.run.checkpoint_storage, cfg.run.local_checkpoint_dir)
         plan = load_plan(plan_file)
-        info = ckpt.verify(latest, plan)
-        start = info.step
         check_resume_config(cfg, run_dir / "config.json")
         if start >= train.steps:
-            raise UserError(f"--resume: the checkpoint in {latest} is at step {start}; [train] steps = {train.steps} are done")
+            raise UserError(f"--resume: the checkpoint in {plan_file.parent} is at step {start}; "
+                            f"[train] steps = {train.steps} are done")
     else:
         plan = build_plan(cfg, model_cfg, seq_len)
     layers = sum(len(ls) for ls in plan.layers)
@@ -186,7 +179,7 @@ def train(prep: Prepared, until: int | None = None, progress: bool = True, drift
 
     from skippipe.runtime.adapt import RejoinWatch
 
-    watch = RejoinWatch(rt.rejoin) if rt.on_failure == "continue" and rt.rejoin else None
+    watch = RejoinWatch(rt.rejoin, rt.join) if rt.on_failure == "continue" and (rt.rejoin or rt.join) else None
     if drift is None and prep.predicted_makespan_s:
         drift = DriftMonitor(prep.predicted_makespan_s, threshold=rt.drift_threshold, window=rt.drift_window, on_drift=on_drift)
 
@@ -203,10 +196,10 @@ def train(prep: Prepared, until: int | None = None, progress: bool = True, drift
         bar.update(max(0, int(last["iteration"]) - prep.start_step) - bar.n)  # goes back after a recovery
         if drift is not None:
             drift.observe_records(new)
-        if watch is not None and seen.get("active") and watch.left:
-            node = watch.due(int(last["iteration"]), load_plan(run_dir / "plan.json"))
-            if node is not None:
-                raise DrainRequested(f"node {node} rejoins after iteration {last['iteration']}", node)
+        if watch is not None and seen.get("active") and watch.waiting():
+            due = watch.request(int(last["iteration"]), load_plan(run_dir / "plan.json"))
+            if due is not None:
+                raise due
         if pending:
             event = pending.pop()
             pending.clear()
@@ -345,7 +338,8 @@ def summarize(prep: Prepared, wall_s: float, end: int) -> Summary:
         run_dir=run_dir, iterations=len(recs), first_loss=recs[0]["loss"], last_loss=recs[-1]["loss"],
         mean_iter_s=mean_iter_s,
         mean_makespan_plan_s=sum(r["makespan_plan_s"] for r in steady) / len(steady),
-        predicted_makespan_s=prep.predicted_makespan_s, wall_s=wall_s, checkpoint=ckpt.latest(run_dir),
+        predicted_makespan_s=prep.predicted_makespan_s, wall_s=wall_s,
+        checkpoint=local_checkpoint.newest(run_dir, prep.cfg.run.checkpoint_storage, prep.cfg.run.local_checkpoint_dir),
         timeline_png=png, records=recs,
         throughput=measure(prep.tokens_per_iteration, prep.flops_per_iteration, mean_iter_s, *_gpus(prep)),
     )

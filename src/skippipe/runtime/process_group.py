@@ -41,6 +41,7 @@ import torch
 import torch.distributed as dist
 
 from skippipe.errors import MessageTimeout, PeerLost, UserError
+from skippipe.runtime import faultpoint
 from skippipe.runtime.faults import first_line
 
 
@@ -164,9 +165,12 @@ def init(env: Env, timeout_s: float, rendezvous_timeout_s: float) -> dist.TCPSto
 
 
 @contextmanager
-def communicating(what: str, timeout_s: float) -> Iterator[None]:
+def communicating(what: str, timeout_s: float, fault: tuple[str, int] | None = None) -> Iterator[None]:
     """Around collectives (barriers, all-reduces): a library error becomes ``MessageTimeout``
-    (it took the whole timeout: some peer went silent) or ``PeerLost`` (a connection broke)."""
+    (it took the whole timeout: some peer went silent) or ``PeerLost`` (a connection broke).
+    ``fault``: a test's fault point (``faultpoint.py``) and step, checked on entry."""
+    if fault is not None:
+        faultpoint.hit(fault[0], dist.get_rank(), fault[1])
     t0 = time.monotonic()
     try:
         yield

@@ -26,7 +26,8 @@ from skippipe.fileio import atomic_write_text
 
 MARKER = ".skippipe-run"
 LOCK = ".skippipe.lock"
-RUN_OUTPUTS = ("checkpoints", "timeline", "tensorboard", "logs", "metrics.jsonl", "timeline.png", "plan.json", "config.json")
+RUN_OUTPUTS = ("checkpoints", "local", "timeline", "tensorboard", "logs", "metrics.jsonl", "timeline.png", "plan.json",
+               "config.json")
 _PARTIAL_PREFIX, _PARTIAL_SUFFIX = ".step-", ".partial"
 
 

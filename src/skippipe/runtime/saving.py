@@ -15,9 +15,12 @@ import torch.distributed as dist
 
 from skippipe.data.tokenizer import Tokenizer
 from skippipe.errors import TrainingDiverged
+from skippipe.fileio import atomic_dir
 from skippipe.model.config import ModelConfig
 from skippipe.planfile import Plan
 from skippipe.runtime import checkpoint as ckpt
+from skippipe.runtime import faultpoint
+from skippipe.runtime.frozen import copy_into as copy_frozen
 from skippipe.runtime.process_group import Groups, communicating
 from skippipe.train.config import TrainConfig
 
@@ -34,6 +37,7 @@ class CheckpointWriter:
     model_cfg: ModelConfig
     train_cfg: TrainConfig
     tokenizer: Tokenizer | None  # rank 0 writes it into the checkpoint
+    local_root: Path | None = None  # [run] checkpoint_storage = "local": the writers' own root (local_checkpoint.py)
 
 
 def all_finite(stage: torch.nn.Module, optimizer: torch.optim.Optimizer, groups: Groups, timeout_s: float) -> bool:
@@ -56,6 +60,9 @@ def save_run_checkpoint(
     g = w.groups
     if not all_finite(stage, optimizer, g, w.timeout_s):
         raise TrainingDiverged(step, "weights")
+    if w.local_root is not None:
+        save_local(w, stage_index, stage, optimizer, step, losses, keep)
+        return
     with communicating(f"writing the checkpoint of step {step}", w.timeout_s):
         if w.node == 0:
             ckpt.begin(w.run_dir, step)
@@ -63,13 +70,42 @@ def save_run_checkpoint(
         folder = ckpt.partial_dir(w.run_dir, step)
         if g.stage_ranks[0] == w.node:
             ckpt.save_stage(folder, stage_index, stage, optimizer)
+        faultpoint.hit("checkpoint_write", w.node, step)  # tests only: a half-written checkpoint
         dist.barrier(group=g.world)
         if w.node == 0:
-            from skippipe.model.checkpoint import write_checkpoint_meta
-
-            def meta(folder: Path) -> None:
-                write_checkpoint_meta(folder, w.model_cfg, step, w.plan.layers, train=w.train_cfg.to_dict(), plan=w.plan,
-                                      tokenizer=w.tokenizer)
-
-            ckpt.commit(w.run_dir, step, w.plan, losses, keep, write_meta=meta)
+            copy_frozen(w.run_dir, w.plan, folder)  # stages no node holds: their frozen weights
+            ckpt.commit(w.run_dir, step, w.plan, losses, keep, write_meta=lambda folder: _write_meta(w, folder, step))
         dist.barrier(group=g.world)
+
+
+def _write_meta(w: CheckpointWriter, folder: Path, step: int) -> None:
+    from skippipe.model.checkpoint import write_checkpoint_meta
+
+    write_checkpoint_meta(folder, w.model_cfg, step, w.plan.layers, train=w.train_cfg.to_dict(), plan=w.plan,
+                          tokenizer=w.tokenizer)
+
+
+def save_local(
+    w: CheckpointWriter, stage_index: int, stage: torch.nn.Module, optimizer: torch.optim.Optimizer, step: int,
+    losses: list[float], keep: int,
+) -> None:
+    """``checkpoint_storage = "local"`` (all ranks call it): the first node of each stage writes only
+    its stage, node 0 also the run's metadata, each into its own node folder (one atomic rename);
+    nothing is shared but a barrier at the end."""
+    from skippipe.runtime import local_checkpoint as L
+
+    assert w.local_root is not None
+    owner, digest = w.groups.stage_ranks[0] == w.node, ckpt.plan_digest(w.plan)
+    with communicating(f"writing the local checkpoint of step {step}", w.timeout_s):
+        if owner or w.node == 0:
+            mine = L.node_checkpoints(w.local_root, w.node)
+            L.clear_from(mine, step)
+            with atomic_dir(mine / L.step_name(step)) as tmp:
+                if owner:
+                    ckpt.save_stage(tmp, stage_index, stage, optimizer)
+                    L.write_stage_manifest(tmp, step, stage_index, w.node, digest)
+                if w.node == 0:
+                    _write_meta(w, tmp, step)
+                    L.write_run_manifest(tmp, step, w.plan.num_stages, digest, losses)
+            L.prune_node(mine, keep, step)
+        dist.barrier(group=w.groups.world)

@@ -101,6 +101,7 @@ class WorkerSetup:
     wire: str = "fp32"  # activations/gradients on the wire (skippipe.runtime.wire)
     wire_error_feedback: bool = False
     elastic: bool = False  # keep the pre-step state for recovery (``handoff.py``)
+    local_checkpoints: Path | None = None  # checkpoint_storage = "local": the local root (local_checkpoint.py)
 
 
 @dataclass
@@ -289,11 +290,9 @@ class Worker:
 
     # ------------------------------------------------------------------ end of iteration
     def _step(self, state: _Iteration) -> IterationStats:
-        g = self.s.groups
-        plan = self.s.plan
-        it = state.it
-        flat = G.flat_grads(self.stage)
-        with communicating(f"the gradient sum of stage {self.stage_index} in iteration {it + 1}", self.s.timeout_s):
+        g, plan, it = self.s.groups, self.s.plan, state.it
+        flat, fault = G.flat_grads(self.stage), ("grad_sync", it + 1)  # a test's fault point (faultpoint.py)
+        with communicating(f"the gradient sum of stage {self.stage_index} in iteration {it + 1}", self.s.timeout_s, fault):
             if g.stage is not None:
                 if self.s.deterministic:  # sum in the stage's node order, as the reference executor does
                     parts = [torch.empty_like(flat) for _ in g.stage_ranks]
@@ -345,10 +344,9 @@ class Worker:
     def save_checkpoint(self, step: int, keep: int) -> None:
         """All ranks call this (``saving.save_run_checkpoint``); non-finite weights are never written."""
         s = self.s
-        save_run_checkpoint(
-            CheckpointWriter(s.run_dir, s.plan, self.node, s.groups, s.timeout_s, s.model_cfg, s.train_cfg, s.tokenizer),
-            self.stage_index, self.stage, self.optimizer, step, self.losses_so_far, keep,
-        )
+        w = CheckpointWriter(s.run_dir, s.plan, self.node, s.groups, s.timeout_s, s.model_cfg, s.train_cfg, s.tokenizer,
+                             s.local_checkpoints)
+        save_run_checkpoint(w, self.stage_index, self.stage, self.optimizer, step, self.losses_so_far, keep)
 
     def load_checkpoint(self, folder: Path) -> None:
         ckpt.load_stage(folder, self.stage_index, self.stage, self.optimizer)

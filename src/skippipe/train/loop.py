@@ -15,6 +15,8 @@ from skippipe.model.config import ModelConfig
 from skippipe.planfile import Plan
 from skippipe.train.config import TrainConfig
 from skippipe.train.executor import ReferenceExecutor, plan_batch_fn
+from skippipe.train.grouped import GroupedExecutor
+from skippipe.train.layerdrop import LayerDropExecutor
 
 
 @dataclass
@@ -29,11 +31,21 @@ class History:
 
 def train_plan(
     plan: Plan, cfg: TrainConfig, data: TokenData, model_cfg: ModelConfig | None = None,
-    progress: bool = True, desc: str = "train",
-) -> tuple[ReferenceExecutor, History]:
+    progress: bool = True, desc: str = "train", keep_stage: float | None = None, grouped: bool = False,
+) -> tuple[ReferenceExecutor | GroupedExecutor, History]:
+    """Train ``plan`` for ``cfg.steps`` iterations; with ``keep_stage`` (a probability), every
+    microbatch also drops each stage of its path at random (``train.layerdrop``); ``grouped``:
+    the same math with one model copy and batched stage sequences (``train.grouped``, faster)."""
     model_cfg = model_cfg or cfg.model_config(data.vocab_size)
     seq_len = cfg.tokens_per_sample(model_cfg)
-    ex = ReferenceExecutor(plan, model_cfg, cfg, plan_batch_fn(plan, data.train, cfg, seq_len))
+    batches = plan_batch_fn(plan, data.train, cfg, seq_len)
+    ex: ReferenceExecutor | GroupedExecutor
+    if grouped:
+        ex = GroupedExecutor(plan, model_cfg, cfg, batches, keep_stage)
+    elif keep_stage is None:
+        ex = ReferenceExecutor(plan, model_cfg, cfg, batches)
+    else:
+        ex = LayerDropExecutor(plan, model_cfg, cfg, batches, keep_stage)
     hist = History()
     samples = cfg.eval_batches * cfg.eval_batch_size
 
