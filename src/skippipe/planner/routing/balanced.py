@@ -8,10 +8,19 @@ its round trip plus the work already queued on the nodes it visits: a node with 
 adds c x (its F + B) to the path's cost. A node's queue grows by its own visit time, so a slow
 node becomes expensive after fewer visits than a fast one and the visits spread as the nodes'
 speeds allow, round by round. Nothing is simulated; the search in ``routing.schedule`` scores it.
+
+Memory: a visit holds one of the node's activation slots from its forward to its backward
+there, i.e. for the rest of the round trip (the later visits, hops and the loss): long at the
+first position of a path, short at the last. A node with M slots whose visits hold h seconds
+in all needs at least h / M seconds, so with ``holds`` the queue a node adds to a path is
+the larger of its queued work and its queued hold time over M (both variants are tried). A
+node with one slot early in the paths then becomes expensive after a visit or two, and the
+visits go where the slots are.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -30,10 +39,11 @@ MAX_NODES = 200
 
 def balanced_routes(
     problem: Problem, stages: list[list[int]], caps: list[int], seqs: tuple[tuple[int, ...], ...],
-    weight: float = QUEUE_WEIGHT,
+    weight: float = QUEUE_WEIGHT, holds: bool = False,
 ) -> list[Route] | None:
-    """Paths that spread the visits by the work queued on each node (see the module text);
-    None when some microbatch finds no path under the caps."""
+    """Paths that spread the visits by the work queued on each node (see the module text),
+    with ``holds`` by the larger of the work and the slot-hold time per slot; None when some
+    microbatch finds no path under the caps."""
     rc = RouteCosts.from_problem(problem)
     m = problem.workload.microbatches_per_data_node
     arrays = [np.asarray(s, dtype=int) for s in stages]
@@ -41,6 +51,9 @@ def balanced_routes(
     for s in stages[1:]:
         left[s] = [int(caps[x]) for x in s]
     queued = np.zeros(problem.n)
+    held = np.zeros(problem.n)  # slot-seconds held by the visits so far
+    slots = np.maximum(1, np.asarray(problem.memory, dtype=float))
+    loss = np.asarray(problem.forward_s, dtype=float) * problem.cost_model.loss_factor
 
     def best_path(d: int, penalty: np.ndarray) -> tuple[float, list[int]]:
         return cheapest_over_sequences(rc, d, arrays, seqs, penalty)
@@ -51,21 +64,37 @@ def balanced_routes(
     paths: dict[int, list[tuple[int, ...]]] = {d: [] for d in order}
     for _ in range(m):
         for d in order:
-            penalty = np.where(left > 0, weight * queued, math.inf)
+            load = np.maximum(queued, held / slots) if holds else queued
+            penalty = np.where(left > 0, weight * load, math.inf)
             cost, chain = best_path(d, penalty)
             if not chain:
                 return None
-            for x in chain:
+            for x, hold in zip(chain, slot_holds(rc, d, chain, float(loss[d]))):
                 left[x] -= 1
                 queued[x] += rc.node[x]
+                held[x] += hold
             paths[d].append(tuple(int(x) for x in chain))
     return [(int(d), p) for d in stages[0] for p in paths[d]]
+
+
+def slot_holds(rc: RouteCosts, d: int, chain: list[int], loss: float) -> list[float]:
+    """Seconds each visit of the path ``chain`` of data node ``d`` holds its slot without
+    waiting: its forward and backward, every later visit, the hops out and back from it and
+    the loss on ``d``."""
+    route = [d, *chain, d]
+    holds, rest = [], loss + float(rc.edge[route[-2], d])
+    for i in range(len(chain) - 1, -1, -1):
+        x = chain[i]
+        holds.append(float(rc.node[x]) + rest)
+        rest += float(rc.node[x]) + float(rc.edge[route[i], x])
+    return holds[::-1]
 
 
 def balanced_candidate(
     problem: Problem, stages: list[list[int]], caps: list[int], seqs: tuple[tuple[int, ...], ...], ev: Evaluator,
 ) -> tuple[list[Route], Score] | None:
-    """The best of ``balanced_routes`` at the weights ``WEIGHTS``, scored by ``ev``; when none
+    """The best of ``balanced_routes`` at the weights ``WEIGHTS``, without and with the
+    slot-hold term, scored by ``ev``; when none
     finishes (paths with swaps can wait on each other for memory) the same without swaps.
     None above ``MAX_NODES`` nodes or when no routing finishes."""
     if problem.n > MAX_NODES:
@@ -73,8 +102,8 @@ def balanced_candidate(
     no_swaps = tuple(q for q in seqs if list(q) == sorted(q))
     best: tuple[list[Route], Score] | None = None
     for allowed in (seqs, no_swaps):
-        for w in WEIGHTS:
-            routes = balanced_routes(problem, stages, caps, allowed, w) if allowed else None
+        for w, holds in itertools.product(WEIGHTS, (False, True)):
+            routes = balanced_routes(problem, stages, caps, allowed, w, holds) if allowed else None
             if routes is None:
                 continue
             score = ev.score(routes)

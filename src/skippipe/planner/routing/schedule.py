@@ -16,7 +16,11 @@ adds candidates built for the timeline:
    already queued on the nodes it visits, so slow nodes carry fewer visits and fast ones more
    (the TC1 caps stay caps); it takes a share of the search only when it is the best start;
 3. joint allocation (only when the cluster fixes no allocation): groups of one data node and
-   L-1 near nodes, with stage labels handed out so that each group's chain is a valid path.
+   L-1 near nodes, with stage labels handed out so that each group's chain is a valid path;
+4. memory order (only when the cluster fixes no allocation and memory is uneven): the
+   balanced routing on the allocation with its non-data nodes dealt to the stages by memory
+   (``allocation.memory_order``: nodes with few slots late in the paths, where a visit holds
+   its slot shortly).
 
 Every candidate is scored by the simulator (``route_eval``, component by component) and
 improved by local search on the critical data node (``route_search``: exchanges of nodes
@@ -221,6 +225,9 @@ def plan_skippipe(
     if balanced is not None:
         cands.append(Candidate("balanced", stages, *balanced))
     evaluators = {id(stages): ev}
+    for mem_cand, mem_ev in _memory_candidates(problem, stages):
+        evaluators[id(mem_cand.stages)] = mem_ev
+        cands.append(mem_cand)
     if problem.fixed_stages is None:
         grouped = group_allocation(problem, seed, deadline)
         if grouped is not None:
@@ -271,6 +278,25 @@ def plan_skippipe(
             alt.meta = {**alt.meta, "candidate": name}
             plan = alt
     return plan
+
+
+def _memory_candidates(problem: Problem, stages: list[list[int]]) -> list[tuple[Candidate, Evaluator]]:
+    """Balanced routings on the memory-ordered variants of the allocation
+    (``allocation.memory_order``), when the cluster fixes no allocation and memory is uneven."""
+    if problem.fixed_stages is not None:
+        return []
+    from skippipe.planner.allocation.memory_order import KEYS, memory_ordered
+
+    out: list[tuple[Candidate, Evaluator]] = []
+    for key in KEYS:
+        mem_stages = memory_ordered(problem, stages, key)
+        if mem_stages is None or any(mem_stages == c.stages for c, _ in out):
+            continue
+        ev = Evaluator(problem, mem_stages)
+        found = balanced_candidate(problem, mem_stages, problem.load_caps(mem_stages), _sequences(problem, mem_stages), ev)
+        if found is not None:
+            out.append((Candidate(f"memory-order ({key})", mem_stages, *found), ev))
+    return out
 
 
 def cands_by_name(cands: list[Candidate], name: str) -> Candidate | None:
