@@ -16,6 +16,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+import matplotlib.ticker
 import numpy as np
 
 from skippipe.data.dataset import load_token_data
@@ -57,7 +58,9 @@ def time_to_loss(run: dict, target: float) -> float | None:
 def summarise(runs: dict[str, list[dict]], baselines: dict) -> dict:
     kinds = list(runs)
     full_mean = mean_std([r["final_val"] for r in runs["full"]])[0] if "full" in runs else None
-    summary: dict = {"baselines": baselines, "kinds": {}}
+    # a loss every run's curve reaches: the worst final curve point of all runs
+    common = max(r["val"][-1][1] for rs in runs.values() for r in rs)
+    summary: dict = {"baselines": baselines, "common_loss": common, "kinds": {}}
     for kind in kinds:
         rs = runs[kind]
         loss_m, loss_s = mean_std([r["final_val"] for r in rs])
@@ -69,7 +72,7 @@ def summarise(runs: dict[str, list[dict]], baselines: dict) -> dict:
             "ppl_vs_bigram": ppl_m / baselines["bigram_ppl"],
             "seconds_per_iteration_sim": rs[0]["seconds_per_iteration_sim"], "steps": rs[0]["val"][-1][0],
             "tokens": rs[0]["val"][-1][0] * rs[0]["tokens_per_iteration"], "params": rs[0]["model"]["params"],
-            "hours_to_full_final_loss": [time_to_loss(r, full_mean) for r in rs] if full_mean else None,
+            "hours_to_common_loss": [time_to_loss(r, common) for r in rs],
             "omission": {},
         }
         for layout, rows in rs[0]["omission"].items():
@@ -90,12 +93,15 @@ def print_tables(summary: dict) -> None:
     b = summary["baselines"]
     print(f"\nvalidation text: unigram perplexity {b['unigram_ppl']:.1f}, bigram {b['bigram_ppl']:.1f} "
           f"(target for the full pipeline: <= {b['bigram_ppl'] / 2:.1f})")
-    print("\n| configuration | s / iteration (sim.) | final val loss (mean ± sd) | perplexity | vs full | vs bigram |")
-    print("|---|---|---|---|---|---|")
+    print(f"\n| configuration | s / iteration (sim.) | final val loss (mean ± sd) | perplexity | vs full | vs bigram "
+          f"| simulated hours to val loss {summary['common_loss']:.3f} |")
+    print("|---|---|---|---|---|---|---|")
     for kind, e in summary["kinds"].items():
         vs = f"{e['vs_full']:.4f}" if e["vs_full"] else "-"
+        hours = [h for h in e["hours_to_common_loss"] if h is not None]
+        reach = f"{np.mean(hours):.1f}" if len(hours) == len(e["hours_to_common_loss"]) else "not reached by every seed"
         print(f"| {kind} | {e['seconds_per_iteration_sim']:.2f} | {e['final_val_loss_mean']:.4f} ± {e['final_val_loss_std']:.4f} "
-              f"| {e['final_ppl_mean']:.2f} ± {e['final_ppl_std']:.2f} | {vs} | {e['ppl_vs_bigram']:.3f} |")
+              f"| {e['final_ppl_mean']:.2f} ± {e['final_ppl_std']:.2f} | {vs} | {e['ppl_vs_bigram']:.3f} | {reach} |")
     for layout in ("S=6", "S=4"):
         half = (6 if layout == "S=6" else 4) // 2
         print(f"\nomission, layout {layout} (ratio to the same model's whole perplexity, mean ± sd over seeds)")
@@ -132,6 +138,9 @@ def charts(runs: dict[str, list[dict]], summary: dict, out: Path) -> None:
         ax.grid(alpha=0.3)
     axes[0].set_xlabel("training tokens seen (millions)")
     axes[1].set_xlabel("simulated wall-clock on the 20-node reference network (hours)")
+    if "full" in runs:  # slower configurations run off the right edge
+        full = runs["full"][0]
+        axes[1].set_xlim(0, 1.1 * full["val"][-1][0] * full["seconds_per_iteration_sim"] / 3600)
     axes[0].set_ylabel("validation loss (whole model)")
     axes[0].set_ylim(top=min(8.0, math.log(b["unigram_ppl"]) + 0.3))
     axes[1].legend(fontsize=8)
@@ -148,6 +157,9 @@ def charts(runs: dict[str, list[dict]], summary: dict, out: Path) -> None:
             band(ax, [ks] * len(rs), per_run, kind)
         ax.axvline(len(LAYOUT_SIZES[layout]) // 2, color="grey", ls=":", lw=1)
         ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+        ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        ax.set_xticks(range(len(LAYOUT_SIZES[layout])))
         ax.set_xlabel(f"non-data stages omitted at inference ({layout}; dotted: half of the stages)")
         ax.set_ylabel("validation perplexity (mean over choices)")
         ax.grid(alpha=0.3, which="both")
