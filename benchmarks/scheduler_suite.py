@@ -12,6 +12,11 @@ and skippipe's planning seconds (wall clock, on whatever machine and load this r
 Results go to a JSON file and a chart.
 
     python3 benchmarks/scheduler_suite.py [--smallest 0] [--largest 1000] [--seed 0] [--json PATH] [--png PATH]
+        [--methods skippipe ...] [--merge]
+
+``--methods`` plans only those methods (the others' cells stay empty, or keep their figures with
+``--merge``); ``--merge`` updates the rows of the clusters run in an existing JSON file (same
+kind, N, S, L) and keeps every other row and figure, so a 1,000-node row can be added alone.
 """
 
 from __future__ import annotations
@@ -36,14 +41,15 @@ METHODS = ("naive", "random", "skippipe-no-tc2", "skippipe")
 COLORS = {"naive": "#8C8C8C", "random": "#DD8452", "skippipe-no-tc2": "#4C72B0", "skippipe": "#55A868"}
 
 
-def run_case(case: SuiteCase, seed: int) -> dict:
+def run_case(case: SuiteCase, seed: int, methods: tuple[str, ...] = METHODS) -> dict:
     problem = build_problem(case.cluster, Workload(num_stages=case.num_stages, path_length=case.path_length))
     floor = free_allocation_floor(problem)
     row = {"kind": case.kind, "cluster": case.cluster.name, "N": problem.n, "S": case.num_stages,
            "L": case.path_length, "floor": round(floor.value, 3), "floor_exhaustive": floor.exhaustive,
            "floor_exact_trips": floor.exact_trips}
-    for method in METHODS:
+    for method in methods:
         start = time.perf_counter()
+        cpu = time.process_time()
         try:
             plan = make_plan(method, problem, seed=seed)
             row[method] = round(float(plan.predicted_makespan_s), 3)
@@ -51,10 +57,26 @@ def run_case(case: SuiteCase, seed: int) -> dict:
             row[method] = None
             row[f"{method}_error"] = str(err)
         row[f"{method}_plan_s"] = round(time.perf_counter() - start, 2)
+        row[f"{method}_cpu_s"] = round(time.process_time() - cpu, 2)
         if method == "skippipe" and row[method] is not None:
             row["skippipe_candidate"] = plan.meta.get("candidate")
-    row["ratio"] = round(row["skippipe"] / floor.value, 3) if row["skippipe"] else None
+    row["ratio"] = round(row["skippipe"] / floor.value, 3) if row.get("skippipe") else None
     return row
+
+
+def _key(row: dict) -> tuple:
+    return (row["kind"], row["N"], row["S"], row["L"])
+
+
+def merged(old: list[dict], new: list[dict]) -> list[dict]:
+    """``old`` with every row of a cluster in ``new`` updated by the new figures (the methods
+    not run keep theirs), new clusters appended; order of ``old`` kept."""
+    by_key = {_key(r): r for r in new}
+    out = []
+    for r in old:
+        fresh = by_key.pop(_key(r), None)
+        out.append({**r, **fresh} if fresh is not None else r)
+    return out + list(by_key.values())
 
 
 def chart(rows: list[dict], path: Path) -> None:
@@ -67,14 +89,14 @@ def chart(rows: list[dict], path: Path) -> None:
     width = 0.2
     for k, method in enumerate(METHODS):
         xs = [i + (k - 1.5) * width for i in range(len(rows))]
-        ys = [(r[method] or 0) / r["floor"] for r in rows]
+        ys = [(r.get(method) or 0) / r["floor"] for r in rows]
         ax.bar(xs, ys, width, label=method, color=COLORS[method])
     ax.axhline(1.0, color="black", lw=0.8)
     ax.axhline(1.1, color="black", lw=0.8, ls="--", label="1.10 x floor")
     ax.set_xticks(range(len(rows)))
     ax.set_xticklabels([f"{r['kind']}\nN={r['N']} S={r['S']} L={r['L']}" for r in rows], fontsize=7, rotation=30, ha="right")
     ax.set_ylabel("makespan / floor over every allocation")
-    ax.set_ylim(0.9, min(4.0, max(max((r[m] or 0) / r["floor"] for m in METHODS) for r in rows) * 1.05))
+    ax.set_ylim(0.9, min(4.0, max(max((r.get(m) or 0) / r["floor"] for m in METHODS) for r in rows) * 1.05))
     ax.set_title("Scheduler suite: simulated seconds per iteration relative to the floor (lower is better; clipped at 4)")
     ax.legend(fontsize=8, frameon=False, ncol=5)
     try:
@@ -87,6 +109,10 @@ def fmt(x: float | None) -> str:
     return f"{x:9.2f}" if x is not None else f"{'-':>9}"
 
 
+def fmt_s(x: float | None) -> str:
+    return f"{x:7.1f}" if x is not None else f"{'-':>7}"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--largest", type=int, default=1000, help="leave out clusters with more nodes")
@@ -94,20 +120,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path, default=Path("docs/scheduler-suite.json"))
     ap.add_argument("--png", type=Path, default=Path("docs/scheduler-suite.png"))
+    ap.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS), help="plan only these methods")
+    ap.add_argument("--merge", action="store_true", help="update the rows run in an existing --json file, keep the others")
     args = ap.parse_args(argv)
+    methods = tuple(m for m in METHODS if m in args.methods)
+    old = json.loads(args.json.read_text())["rows"] if args.merge and args.json.exists() else []
     cases = [c for c in suite(seed=args.seed, largest=args.largest) if c.cluster.n >= args.smallest]
     head = (f"{'kind':<26} {'N':>5} {'S':>2} {'L':>2} " + " ".join(f"{m[:9]:>9}" for m in METHODS)
-            + f" {'floor':>9} {'ratio':>6} {'plan s':>7}")
+            + f" {'floor':>9} {'ratio':>6} {'plan s':>7} {'cpu s':>7}")
     rows = []
     for case in tqdm(cases, desc="suite", unit="cluster", disable=None, leave=False):
-        rows.append(run_case(case, args.seed))
-        atomic_write_text(args.json, json.dumps({"seed": args.seed, "rows": rows}, indent=1) + "\n")
+        rows.append(run_case(case, args.seed, methods))
+        atomic_write_text(args.json, json.dumps({"seed": args.seed, "rows": merged(old, rows)}, indent=1) + "\n")
+    rows = merged(old, rows)
     print(head)
     print("-" * len(head))
     for r in rows:
         ratio = f"{r['ratio']:6.3f}" if r["ratio"] else f"{'-':>6}"
-        print(f"{r['kind']:<26} {r['N']:>5} {r['S']:>2} {r['L']:>2} " + " ".join(fmt(r[m]) for m in METHODS)
-              + f" {r['floor']:9.2f} {ratio} {r['skippipe_plan_s']:7.1f}")
+        print(f"{r['kind']:<26} {r['N']:>5} {r['S']:>2} {r['L']:>2} " + " ".join(fmt(r.get(m)) for m in METHODS)
+              + f" {r['floor']:9.2f} {ratio} {fmt_s(r.get('skippipe_plan_s'))} {fmt_s(r.get('skippipe_cpu_s'))}")
     chart(rows, args.png)
     print(f"wrote {args.json} and {args.png}")
     return 0

@@ -81,7 +81,9 @@ def _chains_in_pool(
 
 def _best_chain(gc: GroupCosts, d: int, arrays: list[np.ndarray], seqs: tuple[tuple[int, ...], ...], usable: np.ndarray
 ) -> tuple[float, list[int]]:
-    best = cheapest_over_sequences(gc.rc, d, arrays, seqs, np.where(usable, 0.0, np.inf))
+    # only the usable nodes (a pool of a few per stage): the same sums and tie order as the full
+    # stages with the others at an infinite penalty, without a width-N dynamic programme
+    best = cheapest_over_sequences(gc.rc, d, [a[usable[a]] for a in arrays], seqs)
     if not best[1]:
         return best
     return gc.estimate(d, best[0], best[1]), best[1]
@@ -131,15 +133,15 @@ def _improve_pairs(
     is both chains plus, per stage, the ``per_stage`` free nodes nearest the latest data node."""
     arrays = [np.asarray(s, dtype=int) for s in stages]
     owner = {x: d for d, ch in chains.items() for x in ch}
+    near: dict[int, list[int]] = {}  # per data node: the nodes of its best unconstrained chains
     for _ in range(50 * len(chains)):
         if deadline is not None and time.perf_counter() > deadline:
             return
         worst = max(chains, key=lambda d: (est[d], -d))
         # partners: owners of the nodes on the worst data node's best unconstrained chains
-        wanted: set[int] = set()
-        for seq in seqs:
-            _, ch = cheapest_chain(gc.rc, worst, [arrays[s] for s in seq])
-            wanted.update(owner[x] for x in ch if x in owner and owner[x] != worst)
+        if worst not in near:
+            near[worst] = [x for seq in seqs for x in cheapest_chain(gc.rc, worst, [arrays[s] for s in seq])[1]]
+        wanted = {owner[x] for x in near[worst] if x in owner and owner[x] != worst}
         improved = False
         for e in sorted(wanted, key=lambda e: (est[e], e)):
             pool = set(chains[worst]) | set(chains[e])
