@@ -52,7 +52,8 @@ class Capacity:
                 by_class.setdefault(int(classes[x]), []).append(x)
             self.members.append(by_class)
         self._reps: list[np.ndarray | None] = [None] * len(self.stages)
-        self.version = [0] * len(self.stages)  # bumped whenever a stage's representatives change
+        self.version = [0] * len(self.stages)  # names the stage's representatives (``reps``)
+        self._ids: dict[tuple[int, bytes], int] = {}
         self._chains: dict[tuple, tuple[float, list[int]]] = {}
         # the dynamic programme's layers per stage prefix, for one data-node class at a time
         self._prefix: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
@@ -76,8 +77,7 @@ class Capacity:
         self.round = r
         if r is not None:
             self.round_used.setdefault(r, np.zeros(len(self.left), dtype=int))
-        self._reps = [None] * len(self.stages)
-        self.version = [v + 1 for v in self.version]
+        self._reps = [None] * len(self.stages)  # their versions follow in ``reps``
 
     def _live(self, x: int) -> bool:
         if self.left[x] <= 0:
@@ -97,6 +97,9 @@ class Capacity:
                     out.append(min(live, key=lambda x: (self.left[x], x)))
             r = np.asarray(sorted(out), dtype=int)
             self._reps[s] = r
+            # the version names the content, so a stage that comes back to representatives it
+            # had (a round switched back and forth, a visit given and taken) hits the caches
+            self.version[s] = self._ids.setdefault((s, r.tobytes()), len(self._ids))
         return r
 
     def chain(self, rc: RouteCosts, data_node: int, seq: tuple[int, ...]) -> tuple[float, list[int]]:
@@ -108,6 +111,8 @@ class Capacity:
         hit = self._chains.get(key)
         if hit is None:
             hit = self._cheapest(rc, data_node, seq)
+            if len(self._chains) > 500_000:
+                self._chains.clear()
             self._chains[key] = hit
         cost, chain = hit
         return cost, list(chain)
@@ -183,10 +188,7 @@ class Capacity:
         self.left[x] += delta
         s = self.stage_of[x]
         self.stage_left[s] += delta
-        old = self._reps[s]
-        self._reps[s] = None
-        if old is None or not np.array_equal(old, self.reps(s)):
-            self.version[s] += 1
+        self._reps[s] = None  # recomputed, with its version, when next asked for
 
     def take(self, path: list[int], r: int | None = None) -> None:
         """Use one visit of each node of ``path`` (and, with ``r``, one of its slots in round r)."""
