@@ -23,7 +23,13 @@ import numpy as np
 from skippipe.errors import UserError
 from skippipe.planner.problem import Problem
 from skippipe.planner.routing.exchange import Paths, exchange_nodes
-from skippipe.planner.routing.sequences import RouteCosts, node_classes, stage_sequences
+from skippipe.planner.routing.sequences import (
+    RouteCosts,
+    cheapest_over_sequences,
+    node_classes,
+    sequence_quotas,
+    stage_sequences,
+)
 
 
 class Capacity:
@@ -64,6 +70,7 @@ class Capacity:
         self._blocks: dict[tuple[int, int], np.ndarray] = {}
         self._blocks_of: np.ndarray | None = None
         self._costs: dict[tuple, np.ndarray] = {}
+        self._floors: dict[int, float] = {}
         # optional per-round memory limit (``use_round``): in round r a node takes at most
         # ``round_cap[x]`` microbatches (its activation slots), counted in ``round_used[r]``
         self.round_cap: np.ndarray | None = None
@@ -118,9 +125,8 @@ class Capacity:
         return cost, list(chain)
 
     def _cheapest(self, rc: RouteCosts, data_node: int, seq: tuple[int, ...]) -> tuple[float, list[int]]:
-        """``cheapest_chain`` over the representatives (the same operations, so the same result),
-        with the dynamic programme's layers shared by the sequences of one data-node class that
-        start alike (153 sequences of 4 stages have 18 distinct first pairs and 64 first triples)."""
+        """``cheapest_chain`` over the representatives (the same operations and result), the DP layers
+        shared by sequences that start alike (153 sequences of 4 stages: 18 first pairs, 64 triples)."""
         layers = [self.reps(s) for s in seq]
         if any(len(nodes) == 0 for nodes in layers):
             return float("inf"), []
@@ -159,6 +165,14 @@ class Capacity:
             j = int(arg[j])
         chain.reverse()
         return best, chain
+
+    def floor(self, rc: RouteCosts, data_node: int, seqs: tuple[tuple[int, ...], ...]) -> float:
+        """A little below the cheapest path of ``data_node`` with no caps (so at most any path
+        ``chain`` finds for it), once per data node."""
+        if data_node not in self._floors:
+            cost = cheapest_over_sequences(rc, data_node, self.full, seqs)[0]
+            self._floors[data_node] = cost * (1.0 - 1e-9)
+        return self._floors[data_node]
 
     def _block(self, rc: RouteCosts, a: int, b: int) -> np.ndarray:
         """``rc.edge`` between the whole stages a and b (gathered once per pair)."""
@@ -244,30 +258,6 @@ def critical_order(rc: RouteCosts, cap: Capacity, sequences: tuple[tuple[int, ..
     return sorted(cap.stages[0], key=lambda d: (-best[d], d))
 
 
-def sequence_quotas(
-    sequences: tuple[tuple[int, ...], ...], stage_caps: list[int], total: int
-) -> dict[tuple[int, ...], int] | None:
-    """How many microbatches take each stage sequence so that no stage exceeds its capacity
-    (an integer program, solved exactly by HiGHS); None when no split exists."""
-    from scipy.optimize import LinearConstraint, milp
-
-    k = len(sequences)
-    if k == 0:
-        return None
-    a = np.zeros((len(stage_caps) + 1, k))
-    for j, seq in enumerate(sequences):
-        for s in seq:
-            a[s, j] = 1.0
-        a[-1, j] = 1.0
-    lower = np.concatenate([np.full(len(stage_caps), -np.inf), [total]])
-    upper = np.concatenate([np.asarray(stage_caps, dtype=float), [total]])
-    res = milp(c=np.zeros(k), constraints=LinearConstraint(a, lower, upper), integrality=np.ones(k),
-               bounds=(0, total))
-    if not res.success or res.x is None:
-        return None
-    return {seq: int(round(x)) for seq, x in zip(sequences, res.x) if round(x) > 0}
-
-
 def assign_static(
     problem: Problem, stages: list[list[int]], caps: list[int], passes: int = 4, max_swaps: int | None = None,
     use_rounds: bool = True,
@@ -339,7 +329,9 @@ def _greedy(
             r = round_of(problem, d, k) if rounds else None
             cap.use_round(r)
             cost, path = route_one(rc, cap, d, allowed, total - done if left is None else 0)
-            if r is not None:  # a path beyond the round's slots, when it is much cheaper (or the only one)
+            # a path beyond the round's slots, when it is much cheaper (or the only one); never
+            # when even the cheapest path with no caps at all is not (the same choice, skipped)
+            if r is not None and not (path and cost <= ROUND_TOLERANCE * cap.floor(rc, d, seqs)):
                 cap.use_round(None)
                 free_cost, free_path = route_one(rc, cap, d, allowed, total - done if left is None else 0)
                 if free_path and (not path or cost > ROUND_TOLERANCE * free_cost):
@@ -382,7 +374,9 @@ def improve_static(
         cap.give(old, r)
         cap.use_round(r)
         cost, path = route_one(rc, cap, d, seqs, 0)
-        if r is not None:  # beyond the round's slots only when much cheaper than both
+        # beyond the round's slots only when much cheaper than both (never when not even the
+        # cheapest path with no caps is: the same choice, skipped)
+        if r is not None and ROUND_TOLERANCE * cap.floor(rc, d, seqs) < min(old_cost, cost if path else float("inf")):
             cap.use_round(None)
             free_cost, free_path = route_one(rc, cap, d, seqs, 0)
             cap.use_round(r)

@@ -181,10 +181,19 @@ def build_plan(
     return plan
 
 
+# above this many nodes the default budget shrinks with the square of the size
+BUDGET_FULL_NODES = 200
+
+
 def default_budget(problem: Problem) -> int:
     """Simulations the search may run when no other budget is given: 4,800 at 20 nodes, 8,000
-    from 100 nodes on (simulations of bigger clusters cost more, so the count stops growing)."""
-    return int(4000 + 40 * min(problem.n, 100))
+    from 100 to 200 nodes; above that 8,000 x (200 / N)^2 (320 at 1,000 nodes), because a
+    simulation of the critical component grows with the cluster (on an uneven 1,000-node
+    cluster the components span hundreds of nodes) and planning must stay within a minute."""
+    full = int(4000 + 40 * min(problem.n, 100))
+    if problem.n <= BUDGET_FULL_NODES:
+        return full
+    return max(100, int(full * (BUDGET_FULL_NODES / problem.n) ** 2))
 
 
 # ----------------------------------------------------------------------------- methods

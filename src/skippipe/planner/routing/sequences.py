@@ -200,3 +200,27 @@ def cheapest_over_sequences(
         chain.append(int(nodes[q, i - 1, j]))
     chain.reverse()
     return float(per_seq[q]), chain
+
+
+def sequence_quotas(
+    sequences: tuple[tuple[int, ...], ...], stage_caps: list[int], total: int
+) -> dict[tuple[int, ...], int] | None:
+    """How many microbatches take each stage sequence so that no stage exceeds its capacity
+    (an integer program, solved exactly by HiGHS); None when no split exists."""
+    from scipy.optimize import LinearConstraint, milp
+
+    k = len(sequences)
+    if k == 0:
+        return None
+    a = np.zeros((len(stage_caps) + 1, k))
+    for j, seq in enumerate(sequences):
+        for s in seq:
+            a[s, j] = 1.0
+        a[-1, j] = 1.0
+    lower = np.concatenate([np.full(len(stage_caps), -np.inf), [total]])
+    upper = np.concatenate([np.asarray(stage_caps, dtype=float), [total]])
+    res = milp(c=np.zeros(k), constraints=LinearConstraint(a, lower, upper), integrality=np.ones(k),
+               bounds=(0, total))
+    if not res.success or res.x is None:
+        return None
+    return {seq: int(round(x)) for seq, x in zip(sequences, res.x) if round(x) > 0}
