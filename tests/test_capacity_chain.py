@@ -1,5 +1,6 @@
 """``Capacity.chain`` (prefix-shared dynamic programme, whole-stage blocks for singleton classes)
-gives exactly ``cheapest_chain`` over the current representatives, as capacity is used up."""
+gives exactly ``cheapest_chain`` over the current representatives, as capacity is used up, and
+``Capacity.floor`` is never above it."""
 
 from __future__ import annotations
 
@@ -41,6 +42,8 @@ def test_chain_equals_cheapest_chain_on_the_representatives(seed: int, classes_a
             want = cheapest_chain(rc, d, [cap.reps(s) for s in seq])
             assert got[1] == want[1]
             assert got[0] == want[0] or (np.isinf(got[0]) and np.isinf(want[0]))
+            # the uncapped floor that lets the greedy skip a search is never above a capped path
+            assert cap.floor(rc, d, seqs) <= got[0]
         seq = seqs[int(rng.integers(len(seqs)))]
         cost, path = cap.chain(rc, d, seq)
         if path:

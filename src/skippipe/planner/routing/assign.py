@@ -168,11 +168,12 @@ class Capacity:
 
     def floor(self, rc: RouteCosts, data_node: int, seqs: tuple[tuple[int, ...], ...]) -> float:
         """A little below the cheapest path of ``data_node`` with no caps (so at most any path
-        ``chain`` finds for it), once per data node."""
-        if data_node not in self._floors:
-            cost = cheapest_over_sequences(rc, data_node, self.full, seqs)[0]
-            self._floors[data_node] = cost * (1.0 - 1e-9)
-        return self._floors[data_node]
+        ``chain`` finds for it), once per data-node class, over one member of each class."""
+        dc = int(self.classes[data_node])
+        if dc not in self._floors:
+            firsts = [np.asarray(sorted(nodes[0] for nodes in by_class.values()), dtype=int) for by_class in self.members]
+            self._floors[dc] = cheapest_over_sequences(rc, data_node, firsts, seqs)[0] * (1.0 - 1e-9)
+        return self._floors[dc]
 
     def _block(self, rc: RouteCosts, a: int, b: int) -> np.ndarray:
         """``rc.edge`` between the whole stages a and b (gathered once per pair)."""
