@@ -33,7 +33,7 @@ def test_chain_equals_cheapest_chain_on_the_representatives(seed: int, classes_a
     cap = Capacity(stages, caps, node_classes(problem.transfer_s, problem.forward_s, problem.memory))
     cap.round_cap = np.asarray(problem.memory, dtype=int)
     seqs = stage_sequences(len(stages), 4, 1, 4)
-    for step in range(40):
+    for _ in range(40):
         d = int(stages[0][int(rng.integers(len(stages[0])))])
         r = int(rng.integers(2)) if rounds else None
         cap.use_round(r)
