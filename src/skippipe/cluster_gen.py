@@ -141,5 +141,6 @@ def suite(seed: int = 0, largest: int = 1000) -> list[SuiteCase]:
             cases.append(SuiteCase(f"{table} {setting}", parse_preset(f"{table}/{setting}/20"), 6, 4))
     cases.append(SuiteCase("gcp 12 regions", _gcp_regions(100), 9, 5))
     cases.append(SuiteCase("global uneven", random_global_cluster(100, seed + 4, sites=30, broken=0.05, **uneven), 7, 4))
+    cases.append(SuiteCase("gcp 12 regions", _gcp_regions(1000), 9, 5))
     cases.append(SuiteCase("global uneven", random_global_cluster(1000, seed + 5, sites=60, broken=0.05, **uneven), 9, 5))
     return [c for c in cases if c.cluster.n <= largest]
