@@ -193,6 +193,7 @@ def _run(args: WorkerArgs, stop: StopRequest) -> int:
     from skippipe.runtime.handoff import hand_off, handoff_dir
     from skippipe.runtime.local_checkpoint import root_of
     from skippipe.runtime.local_resume import resume_position, share_from_owner
+    from skippipe.runtime.measured_costs import write_measurements
     from skippipe.runtime.metrics import MetricsWriter, truncate_metrics
     from skippipe.runtime.worker import Worker, WorkerSetup
 
@@ -291,6 +292,7 @@ def _run(args: WorkerArgs, stop: StopRequest) -> int:
                 steps = hand_off(folder, node, worker.stage_index, worker.stage, worker.optimizer, worker.steps,
                                  worker.snapshot, worker.losses_so_far)
                 _log(f"handed over stage {worker.stage_index} at step(s) {steps} to {folder}")
+                write_measurements(folder, node, worker.scale, start, worker.s.timeline)  # for a re-plan on drift
             raise
         finally:
             stop.deferred = False
