@@ -27,14 +27,15 @@ MODEL = {"preset": "tiny", "d_model": 64, "n_layers": 8, "n_heads": 4, "n_kv_hea
 TRAIN = {"tokenizer": "bytes", "corpus": ["shakespeare"], "samples_per_microbatch": 2, "warmup_steps": 1, "lr": 3e-3}
 
 
-def _config(out: Path, steps: int) -> Path:
+def _config(out: Path, steps: int, rejoin: list[dict]) -> Path:
     cfg = {
         "run": {"dir": str(out / "run"), "checkpoint_every": 0, "keep_checkpoints": 4},
         "plan": {"cluster": "gcp-2025/geo-distributed/8", "method": "skippipe", "num_stages": 4, "path_length": 3,
                  "stage_sizes": [2, 2, 2, 2], "microbatches_per_data_node": 4, "time_limit_s": 5},
         "train": {**TRAIN, "steps": steps},
         "model": MODEL,
-        "runtime": {"emulate": True, "time_scale": 0.02, "timeout_s": 30.0, "on_failure": "continue", "max_failures": 2},
+        "runtime": {"emulate": True, "time_scale": 0.02, "timeout_s": 30.0, "on_failure": "continue", "max_failures": 2,
+                    "rejoin": rejoin},
     }
     path = out / "config.json"
     path.write_text(json.dumps(cfg))
@@ -60,7 +61,7 @@ def _kill(run: Path, proc: subprocess.Popen, after: int, node: int) -> float:
     raise SystemExit("the run ended before the kill")
 
 
-def _chart(path: Path, recs: list[dict], failures: list[dict], kills: list[float], t0: float) -> None:
+def _chart(path: Path, recs: list[dict], failures: list[dict], kills: list[float], t0: float, rejoins: list[dict]) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -76,9 +77,13 @@ def _chart(path: Path, recs: list[dict], failures: list[dict], kills: list[float
         ax.axvspan(at - t0, f["restarted_at"] + f["restart_s"] - t0, color="tab:red", alpha=0.12,
                    label="kill -> first iteration of the new round" if k == 0 else None)
         ax.annotate(f"node {f['node']}\n{f['nodes_left']} nodes left", (at - t0, ax.get_ylim()[1] * 0.9), fontsize=8)
+    for k, r in enumerate(rejoins):
+        ax.axvline(r["requested_at"] - t0, color="tab:green", ls="--", lw=1, label="node rejoins" if k == 0 else None)
+        ax.axvspan(r["requested_at"] - t0, r["replanned_at"] + r.get("restart_s", 0.0) - t0, color="tab:green", alpha=0.12)
     ax.set_xlabel("wall-clock seconds since the first iteration")
     ax.set_ylabel("seconds")
-    ax.set_title("iteration time across two node failures (8 emulated nodes, time scale 0.02)")
+    ax.set_title(f"iteration time across {len(failures)} node failures and {len(rejoins)} rejoin(s) (8 emulated nodes, "
+                 "time scale 0.02)", fontsize=10)
     ax.legend(loc="lower right", fontsize=8)
     fig.tight_layout()
     save_png(fig, path, dpi=110)
@@ -88,12 +93,14 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--kills", default="4:2,10:1", help="ITERATION:NODE,... (original node ids)")
+    ap.add_argument("--rejoin", default="8:2", help="ITERATION:NODE,... a killed node starts again ('' for none)")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--png", type=Path, default=None)
     args = ap.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix="skippipe-failures-"))
     out.mkdir(parents=True, exist_ok=True)
-    cfg = _config(out, args.steps)
+    rejoin = [{"iteration": int(i), "node": int(n)} for i, n in (x.split(":") for x in args.rejoin.split(",") if x)]
+    cfg = _config(out, args.steps, rejoin)
     run = out / "run"
     proc = subprocess.Popen([sys.executable, "-m", "skippipe.cli", "train", str(cfg), "--no-progress", "--fresh"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -122,8 +129,14 @@ def main() -> int:
               f"{f['makespan_before_s']:>6.2f} -> {f['makespan_after_s']:>6.2f} s")
         print(f"      makespan after / before: simulated {f['makespan_sim_after_s'] / f['makespan_sim_before_s']:.3f}, "
               f"measured {f['makespan_after_s'] / f['makespan_before_s']:.3f}")
+    replans = run / "replans.json"
+    records = json.loads(replans.read_text())["replans"] if replans.is_file() else []
+    rejoins = [r for r in records if r.get("joined") is not None and not r.get("stage_choice")]
+    for r in rejoins:
+        print(f"{r['reason']}: before iteration {r['iteration']}, drain {r['drain_s']:.2f}s, re-plan {r['replan_s']:.2f}s; "
+              f"simulated makespan {r['makespan_sim_old_s']:.2f} -> {r['makespan_sim_new_s']:.2f} s")
     if args.png:
-        _chart(args.png, recs, failures, kills, recs[0]["time"] - recs[0]["iter_s"])
+        _chart(args.png, recs, failures, kills, recs[0]["time"] - recs[0]["iter_s"], rejoins)
         print(f"chart: {args.png}")
     return 0
 

@@ -62,13 +62,18 @@ def run_method(method: str, folder: Path, time_scale: float, iterations: int, cl
     }
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def emulation_args(description: str, prefix: str) -> tuple[argparse.Namespace, Path]:
+    """The options of an emulated benchmark, and its output folder (a temporary one by default)."""
+    ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--time-scale", type=float, default=0.04)
     ap.add_argument("--iterations", type=int, default=4)
     ap.add_argument("--out", help="keep runs and Gantt charts here (default: a temporary folder)")
     args = ap.parse_args()
-    out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="skippipe-emulated-"))
+    return args, Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix=prefix))
+
+
+def main() -> int:
+    args, out = emulation_args(__doc__.splitlines()[0], "skippipe-emulated-")
     results = {}
     for method in ("full", "skippipe"):
         r = run_method(method, out / method, args.time_scale, args.iterations)

@@ -13,15 +13,13 @@ seconds, mean over iterations after the first) and the ratio to fp32's.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from runtime_emulated import run_method
+from runtime_emulated import emulation_args, run_method
 
 from skippipe.fileio import atomic_write_text
 
@@ -29,12 +27,7 @@ FORMATS = ("fp32", "bf16", "int8")
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--time-scale", type=float, default=0.04)
-    ap.add_argument("--iterations", type=int, default=4)
-    ap.add_argument("--out", help="keep runs and Gantt charts here (default: a temporary folder)")
-    args = ap.parse_args()
-    out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="skippipe-wire-"))
+    args, out = emulation_args(__doc__.splitlines()[0], "skippipe-wire-")
     results = {}
     for fmt in FORMATS:
         r = run_method("skippipe", out / fmt, args.time_scale, args.iterations, "gcp-2025/geo-distributed/20", fmt)

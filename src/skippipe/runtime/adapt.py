@@ -6,9 +6,15 @@ the plan's prediction (``drift_threshold``, ``drift_window`` iterations in a row
 
 1. drains every worker as for a node failure (``launch.py``: ``RECOVERY_SIGNAL``, each hands its
    stage state over under ``RUN/elastic/round-K``, ``handoff.py``) — the elastic handoff path;
-2. takes the hop times the workers now see — under emulation, the plan's costs with the link
-   events due by the iteration to be redone (``[runtime] emulate_events``; they are then
-   "folded" into the plan, ``plan.meta["emulation"]["folded"]``, and not applied again);
+2. takes the costs the workers measured (``measured_costs.py``): each worker wrote its timeline
+   records beside its handoff; the hop time of every link that carried a message and the
+   forward/backward time of every node, medians over the last ``drift_window`` iterations all
+   nodes finished, replace the plan's figures; links and nodes not observed keep the plan's
+   (never the emulator's). Under emulation the link events due by the iteration to be redone
+   (``[runtime] emulate_events``) are "folded" into the emulated network
+   (``plan.meta["emulation"]["network"]``, the ground truth the emulator keeps reproducing, and
+   ``["folded"]``: not applied again) — the planner does not see them, only their effect on
+   the measured hops;
 3. plans again on them (``planner.replan``: the same nodes, the same layer partition, the new
    plan kept only if it simulates faster than the old plan on the new costs);
 4. writes the recovery checkpoint ``checkpoints/step-R`` for the new plan from the handed-over
@@ -30,7 +36,7 @@ import json
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -42,8 +48,9 @@ from skippipe.planfile import Plan, load_plan, save_plan
 from skippipe.planner.replan import replan, with_transfer
 from skippipe.planner.shrink import original_nodes, shrink_plan
 from skippipe.runtime import elastic as E
+from skippipe.runtime import measured_costs as MC
 from skippipe.runtime.config import JoinEvent
-from skippipe.runtime.emulation import changed_transfer, folded_events, link_changes
+from skippipe.runtime.emulation import changed_transfer, folded_events, link_changes, network_costs, with_network
 from skippipe.runtime.frozen import thaw
 from skippipe.runtime.join import join_new_node
 from skippipe.sim import simulate
@@ -74,6 +81,8 @@ class Replan:
     restarted_at: float | None = None
     restart_s: float | None = None  # new round started -> its first iteration done
     stage_choice: dict[int, float] | None = None  # a new node: simulated makespan per stage it could join
+    costs: str = "emulated"  # what the new plan's costs are: "measured" (a drift) or "emulated" (rejoin, join)
+    measured: str = ""  # a drift: what was measured (measured_costs.describe)
 
 
 FIRST_PLAN = "plan-first.json"  # under RUN/elastic: the run's first plan, with every node
@@ -134,14 +143,24 @@ def _original_stages(plan: Plan) -> list[list[int]]:
 
 
 def fold_due(plan: Plan, events: Sequence[object], iteration: int) -> tuple[Any, list[int]]:
-    """The plan's hop times with the link events due by ``iteration`` applied, and their indices."""
+    """The emulated network's hop times (``network_costs``) with the link events due by
+    ``iteration`` applied, and their indices."""
     due = [c for c in link_changes(plan, events) if c.iteration <= iteration]
-    return changed_transfer(plan.costs.transfer_s, due, iteration), [c.index for c in due]
+    return changed_transfer(network_costs(plan).transfer_s, due, iteration), [c.index for c in due]
+
+
+def measured_plan(run_dir: Path, round_index: int, plan: Plan, window: int) -> tuple[Plan, str]:
+    """``plan`` with the costs its workers measured in round ``round_index`` (``measured_costs.py``)."""
+    m = MC.measure(MC.load_measurements(E.round_dir(run_dir, round_index)), window)
+    transfer, forward = MC.measured_costs(plan.costs.transfer_s, plan.costs.forward_s, plan.costs.backward_factor, m)
+    out = with_transfer(plan, transfer)
+    out.costs = replace(out.costs, forward_s=forward)
+    return out, MC.describe(m, plan.costs.transfer_s, transfer)
 
 
 def replan_after_drain(run_dir: Path, plan: Plan, request: DrainRequested, round_index: int, keep: int,
                        write_meta: Callable[[Path, Plan, int], None], events: Sequence[object], method: str,
-                       seed: int) -> tuple[Plan, Replan]:
+                       seed: int, window: int = 3) -> tuple[Plan, Replan]:
     """After ``request`` drained round ``round_index``: the new plan (``RUN/plan.json``), the
     recovery checkpoint for it, and the re-plan's record."""
     E.keep_logs(run_dir, round_index)
@@ -151,9 +170,14 @@ def replan_after_drain(run_dir: Path, plan: Plan, request: DrainRequested, round
     missing = {n for n in range(plan.n_nodes) if n not in handoffs}
     base = shrink_plan(plan, missing)[0] if missing else plan
     transfer, folded = fold_due(base, events, step + 1)
+    truth = replace(network_costs(base), transfer_s=transfer)  # what the emulator reproduces from now on
     old_on_new = with_transfer(base, transfer)
     joiner = request.payload if isinstance(request.payload, int) else None
     stage_choice: dict[int, float] | None = None
+    drift = joiner is None and not isinstance(request.payload, JoinEvent)
+    seen = ""
+    if drift:  # the planner sees what the workers measured, not the emulator's events
+        old_on_new, seen = measured_plan(run_dir, round_index, base, window)
     if isinstance(request.payload, JoinEvent):
         new_plan, joiner, stage_choice = join_new_node(run_dir, base, request.payload, transfer, method, seed)
     elif joiner is not None:
@@ -162,10 +186,15 @@ def replan_after_drain(run_dir: Path, plan: Plan, request: DrainRequested, round
     elif base.frozen_stages:  # the planner plans whole pipelines: with a frozen stage the paths are kept
         new_plan = old_on_new
     else:
-        new_plan = replan(base, transfer, method=method, seed=seed)
+        new_plan = replan(old_on_new, old_on_new.costs.transfer_s, method=method, seed=seed)
     emu = dict(plan.meta.get("emulation") or {}) if isinstance(plan.meta.get("emulation"), dict) else {}
     done = set(folded_events(new_plan)) | set(folded_events(plan)) | set(folded)
-    new_plan.meta = {**new_plan.meta, "emulation": {**emu, "folded": sorted(done)}}
+    emu = {**emu, "folded": sorted(done)}
+    if drift:  # the plan's costs are estimates now: the emulator keeps the truth apart
+        emu = with_network(emu, original_nodes(base), truth)
+    elif "network" in emu:  # a rejoin or join planned on the emulated network: it is the truth
+        emu = with_network(emu, original_nodes(new_plan), new_plan.costs)
+    new_plan.meta = {**new_plan.meta, "emulation": emu}
     E.write_recovery_checkpoint(run_dir, plan, new_plan, handoffs, step, keep, write_meta)
     thaw(run_dir, new_plan)  # a node rejoined a frozen stage: it restores it from that checkpoint
     save_plan(new_plan, run_dir / "plan.json")
@@ -179,7 +208,8 @@ def replan_after_drain(run_dir: Path, plan: Plan, request: DrainRequested, round
         makespan_sim_old_s=sim_old.makespan_s if sim_old.finished else None,
         makespan_sim_new_s=sim_new.makespan_s if sim_new.finished else None,
         new_paths=not (new_plan.stages == base.stages and new_plan.microbatches == base.microbatches),
-        joined=joiner, nodes=new_plan.n_nodes, stage_choice=stage_choice,
+        joined=joiner, nodes=new_plan.n_nodes, stage_choice=stage_choice, costs="measured" if drift else "emulated",
+        measured=seen,
         stages_before=_original_stages(plan), stages_after=_original_stages(new_plan),
     )
     tqdm.write(announce(record), file=sys.stderr)  # the one line at the re-plan (the drift had its own)

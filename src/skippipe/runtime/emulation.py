@@ -8,8 +8,12 @@
   operation, as the simulator assumes.
 - Link events (``[runtime] emulate_events``): from a given iteration on, one link's hop takes
   ``1 / bandwidth_factor`` times as long. Events name the run's original node ids; those already
-  folded into the plan's costs by a re-plan (``plan.meta["emulation"]["folded"]``) are not
+  folded into the emulated network by a re-plan (``plan.meta["emulation"]["folded"]``) are not
   applied again, and those naming a node that is gone are dropped.
+- The emulated network is the plan's costs, except after a re-plan on *measured* costs
+  (``adapt.py``, ``measured_costs.py``): the plan's costs are then the planner's estimates and the
+  ground truth the emulator keeps reproducing is ``plan.meta["emulation"]["network"]`` (hop and
+  forward times by original node id, the folded events applied; ``network_costs``).
 
 Off (``enabled = False``) on real clusters: no delays, no padding. Torch-free.
 """
@@ -56,6 +60,43 @@ def link_changes(plan: Plan, events: Sequence[object]) -> list[LinkChange]:
     return out
 
 
+def network_costs(plan: Plan) -> Costs:
+    """The costs the emulator reproduces for ``plan``'s nodes: the plan's own, with the figures of
+    ``plan.meta["emulation"]["network"]`` (original node ids) where it has them."""
+    emu = plan.meta.get("emulation")
+    net = emu.get("network") if isinstance(emu, dict) else None
+    if not isinstance(net, dict):
+        return plan.costs
+    index = {int(o): k for k, o in enumerate(net["nodes"])}
+    big_t, big_f = np.asarray(net["transfer_s"], dtype=float), np.asarray(net["forward_s"], dtype=float)
+    transfer, forward = np.array(plan.costs.transfer_s, dtype=float), np.array(plan.costs.forward_s, dtype=float)
+    known = [(i, index[o]) for i, o in enumerate(original_nodes(plan)) if o in index]
+    for i, a in known:
+        forward[i] = big_f[a]
+        for j, b in known:
+            transfer[i, j] = big_t[a, b]
+    return replace(plan.costs, transfer_s=transfer, forward_s=forward)
+
+
+def with_network(emu: dict[str, object], nodes: Sequence[int], costs: Costs) -> dict[str, object]:
+    """``emu`` (a plan's ``meta["emulation"]``) with the network of original nodes ``nodes`` set
+    to ``costs`` (its nodes in that order); the figures of other nodes it held are kept."""
+    net = emu.get("network")
+    old_nodes = [int(x) for x in net["nodes"]] if isinstance(net, dict) else []
+    ids = old_nodes + [int(n) for n in nodes if int(n) not in old_nodes]
+    at = {o: k for k, o in enumerate(ids)}
+    transfer, forward = np.zeros((len(ids), len(ids))), np.zeros(len(ids))
+    if isinstance(net, dict) and old_nodes:
+        k = len(old_nodes)
+        transfer[:k, :k] = np.asarray(net["transfer_s"], dtype=float)
+        forward[:k] = np.asarray(net["forward_s"], dtype=float)
+    for i, a in enumerate(nodes):
+        forward[at[int(a)]] = float(costs.forward_s[i])
+        for j, b in enumerate(nodes):
+            transfer[at[int(a)], at[int(b)]] = float(costs.transfer_s[i, j])
+    return {**emu, "network": {"nodes": ids, "transfer_s": transfer.tolist(), "forward_s": forward.tolist()}}
+
+
 def changed_transfer(transfer_s: np.ndarray, changes: Sequence[LinkChange], iteration: int) -> np.ndarray:
     """``transfer_s`` with every change due by ``iteration`` (1-based) applied, both directions."""
     out = np.array(transfer_s, dtype=float)
@@ -80,8 +121,8 @@ class Emulation:
     def from_plan(cls, plan: Plan, enabled: bool, time_scale: float, pad_compute: bool = True,
                   events: Sequence[object] = ()) -> Emulation:
         changes = tuple(link_changes(plan, events)) if enabled else ()
-        return cls(enabled=enabled, time_scale=time_scale, pad_compute=pad_compute, costs=plan.costs, changes=changes,
-                   base=plan.costs)
+        truth = network_costs(plan)
+        return cls(enabled=enabled, time_scale=time_scale, pad_compute=pad_compute, costs=truth, changes=changes, base=truth)
 
     def at_iteration(self, iteration: int) -> Emulation:
         """The emulation of iteration ``iteration`` (1-based): the link changes due by then applied."""

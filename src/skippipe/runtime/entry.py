@@ -30,7 +30,7 @@ import sys
 import threading
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
@@ -193,7 +193,9 @@ def _run(args: WorkerArgs, stop: StopRequest) -> int:
     from skippipe.runtime.handoff import hand_off, handoff_dir
     from skippipe.runtime.local_checkpoint import root_of
     from skippipe.runtime.local_resume import resume_position, share_from_owner
+    from skippipe.runtime.measured_costs import write_measurements
     from skippipe.runtime.metrics import MetricsWriter, truncate_metrics
+    from skippipe.runtime.torchrun_restart import restart_count, resume_on_restart
     from skippipe.runtime.worker import Worker, WorkerSetup
 
     cfg = load_run_config(args.config)
@@ -231,6 +233,10 @@ def _run(args: WorkerArgs, stop: StopRequest) -> int:
     start, losses = 0, []
     found = None
     node = env.rank
+    shared = cfg.run.checkpoint_storage != "local"
+    if resume_on_restart(args.resume, os.environ, shared and ckpt.latest(run_dir) is not None, shared) != args.resume:
+        args = replace(args, resume=True)  # torchrun started the group again (torchrun_restart.py)
+        _log(f"torchrun restart {restart_count(os.environ)}: resuming from the last checkpoint")
     joining = rejoin.joiners()
     local = root_of(run_dir, cfg.run.local_checkpoint_dir) if cfg.run.checkpoint_storage == "local" else None
     # local storage: each stage's first node reads its own folder, its replicas get the state from it (local_resume.py)
@@ -291,6 +297,7 @@ def _run(args: WorkerArgs, stop: StopRequest) -> int:
                 steps = hand_off(folder, node, worker.stage_index, worker.stage, worker.optimizer, worker.steps,
                                  worker.snapshot, worker.losses_so_far)
                 _log(f"handed over stage {worker.stage_index} at step(s) {steps} to {folder}")
+                write_measurements(folder, node, worker.scale, start, worker.s.timeline)  # for a re-plan on drift
             raise
         finally:
             stop.deferred = False

@@ -276,7 +276,7 @@ def _train_elastic(prep: Prepared, args: Any, launch: Callable[..., None], drift
             step, restarted = fail.recovery_step, fail
         except DrainRequested as request:
             plan, record = A.replan_after_drain(run_dir, plan, request, round_index, keep, meta, rt.emulate_events,
-                                                prep.cfg.plan.method, prep.cfg.plan.seed)
+                                                prep.cfg.plan.method, prep.cfg.plan.seed, rt.drift_window)
             replans.append(record)
             A.write_report(run_dir, replans)
             step, restarted = record.recovery_step, record

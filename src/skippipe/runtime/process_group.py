@@ -43,6 +43,7 @@ import torch.distributed as dist
 from skippipe.errors import MessageTimeout, PeerLost, UserError
 from skippipe.runtime import faultpoint
 from skippipe.runtime.faults import first_line
+from skippipe.runtime.torchrun_restart import restart_count
 
 
 @dataclass
@@ -142,7 +143,11 @@ def init(env: Env, timeout_s: float, rendezvous_timeout_s: float) -> dist.TCPSto
             os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
             wait_reachable(env.master_addr, env.master_port, rendezvous_timeout_s, env.world_size)
             timeout = datetime.timedelta(seconds=max(timeout_s, rendezvous_timeout_s))
-            dist.init_process_group("gloo", init_method="env://", timeout=timeout)
+            # the agent's store outlives a restart (``--max-restarts``): the keys of each attempt
+            # go under their own prefix, or a restarted group reads the dead one's addresses
+            agent = dist.TCPStore(env.master_addr, env.master_port, env.world_size, is_master=False, timeout=timeout)
+            store = dist.PrefixStore(f"skippipe/attempt-{restart_count(os.environ)}", agent)
+            dist.init_process_group("gloo", store=store, rank=env.rank, world_size=env.world_size, timeout=timeout)
             return None
         if env.rank == 0 and not env.hosted:
             store = host_store(env.master_addr, env.master_port, env.world_size, rendezvous_timeout_s)
