@@ -18,6 +18,8 @@ less than half as much (``ROUND_TOLERANCE``). Times are never simulated.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
 from skippipe.errors import UserError
@@ -218,18 +220,6 @@ class Capacity:
                 self.round_used[r][x] -= 1
             self._touch(x, +1)
 
-    def feasible_after(self, seq: tuple[int, ...], remaining: int) -> bool:
-        """After one more microbatch uses ``seq``, can ``remaining`` others still find
-        len(seq) distinct stages with capacity? (sum over stages of min(left, remaining))"""
-        if remaining <= 0:
-            return True
-        left = self.stage_left.copy()
-        for s in seq:
-            left[s] -= 1
-        if np.any(left[list(seq)] < 0):
-            return False
-        return int(np.minimum(left[1:], remaining).sum()) >= remaining * len(seq)
-
 
 def route_one(
     rc: RouteCosts,
@@ -240,8 +230,19 @@ def route_one(
 ) -> tuple[float, list[int]]:
     """Cheapest path for one microbatch under the residual capacity; ``(inf, [])`` if none."""
     best: tuple[float, list[int]] = (float("inf"), [])
-    for seq in sequences:
-        if cap.stage_left[list(seq)].min() <= 0 or not cap.feasible_after(seq, remaining):
+    if not sequences:
+        return best
+    # after one more microbatch on a sequence, can ``remaining`` others still find len(seq)
+    # distinct stages with capacity (sum over stages of min(left, remaining))? The visit lowers
+    # that sum by the number of its stages with at most ``remaining`` visits left
+    seqa = _seq_array(sequences)
+    left = cap.stage_left[seqa]
+    ok = left.min(axis=1) > 0
+    if remaining > 0:
+        room = int(np.minimum(cap.stage_left[1:], remaining).sum()) - (left <= remaining).sum(axis=1)
+        ok &= room >= remaining * seqa.shape[1]
+    for seq, usable in zip(sequences, ok.tolist()):
+        if not usable:
             continue
         cost, chain = cap.chain(rc, data_node, seq)
         if cost < best[0]:
@@ -249,6 +250,11 @@ def route_one(
     if not best[1] and remaining > 0:  # the stage check is a heuristic; fall back without it
         return route_one(rc, cap, data_node, sequences, 0)
     return best
+
+
+@lru_cache(maxsize=64)
+def _seq_array(sequences: tuple[tuple[int, ...], ...]) -> np.ndarray:
+    return np.asarray(sequences, dtype=int).reshape(len(sequences), -1)
 
 
 def critical_order(rc: RouteCosts, cap: Capacity, sequences: tuple[tuple[int, ...], ...]) -> list[int]:
