@@ -8,7 +8,8 @@ otherwise (6 microbatches of 8 samples per data node, memory 3 unless the cluste
 Every method plans through ``make_plan`` with its default deterministic budget (no time
 limit) and is simulated. Printed per cluster: kind, N, S, L, the seconds per iteration of
 each method, the floor over every allocation (``free_allocation_floor``), skippipe / floor,
-and skippipe's planning seconds (wall clock, on whatever machine and load this runs on).
+and skippipe's planning seconds (wall clock, on whatever machine and load this runs on, and
+the process's CPU seconds, which a busy machine disturbs less).
 Results go to a JSON file and a chart.
 
     python3 benchmarks/scheduler_suite.py [--smallest 0] [--largest 1000] [--seed 0] [--json PATH] [--png PATH]
