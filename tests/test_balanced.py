@@ -9,7 +9,8 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from skippipe.cluster_gen import random_global_cluster, single_site_cluster
+from cluster_strategies import generated_problems
+from skippipe.cluster_gen import single_site_cluster
 from skippipe.planfile import plan_violations
 from skippipe.planner.allocation import allocate
 from skippipe.planner.problem import build_problem
@@ -20,27 +21,13 @@ from skippipe.planner.routing.sequences import RouteCosts, cheapest_chain, cheap
 from skippipe.workload import Workload
 
 
-@st.composite
-def uneven_problems(draw):
-    s = draw(st.integers(3, 6))
-    L = draw(st.integers(2, min(s, 4)))
-    n = draw(st.integers(s + 3, 16))
-    seed = draw(st.integers(0, 10_000))
-    if draw(st.booleans()):
-        cluster = random_global_cluster(n, seed=seed, speed=(0.5, 2.0), memory=(1, 4), broken=draw(st.sampled_from([0, 0.1])))
-    else:
-        cluster = single_site_cluster(n, seed=seed, speed=(0.5, 2.0), memory=(1, 4))
-    wl = Workload(num_stages=s, path_length=L, microbatches_per_data_node=draw(st.integers(1, 6)), n_layers=4 * s)
-    return build_problem(cluster, wl)
-
-
 def _seqs(problem, stages):
     w = problem.workload
     return stage_sequences(len(stages), w.path_length, w.max_swaps, w.max_jump)
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(uneven_problems(), st.sampled_from([0.5, 1.0, 2.0]))
+@given(generated_problems(), st.sampled_from([0.5, 1.0, 2.0]))
 def test_balanced_routes_obey_the_path_rules_and_the_caps(problem, weight):
     stages = allocate(problem, seed=0)
     caps = problem.load_caps(stages)
@@ -56,7 +43,7 @@ def test_balanced_routes_obey_the_path_rules_and_the_caps(problem, weight):
 
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(uneven_problems())
+@given(generated_problems())
 def test_balanced_candidate_finishes_and_is_scored_as_simulated(problem):
     stages = allocate(problem, seed=0)
     ev = Evaluator(problem, stages)
@@ -89,7 +76,7 @@ def test_slow_nodes_carry_fewer_visits_than_with_the_cheapest_path_greedy():
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(uneven_problems(), st.integers(0, 2), st.integers(0, 10_000), st.booleans())
+@given(generated_problems(), st.integers(0, 2), st.integers(0, 10_000), st.booleans())
 def test_batched_sequence_search_equals_one_sequence_at_a_time(problem, swaps, seed, with_penalty):
     rng = np.random.default_rng(seed)
     s = problem.num_stages

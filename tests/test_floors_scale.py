@@ -9,6 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from cluster_strategies import generated_problems
 from skippipe.cluster_gen import random_global_cluster, single_site_cluster
 from skippipe.errors import UserError
 from skippipe.planner.floors import _round_trips, free_allocation_floor
@@ -18,18 +19,8 @@ from skippipe.planner.relaxed_floors import capacity_floor, relaxed_round_trips
 from skippipe.workload import Workload
 
 
-@st.composite
-def small_problems(draw):
-    s = draw(st.integers(3, 7))
-    L = draw(st.integers(2, min(s, 5)))
-    n = draw(st.integers(s + 2, 14))
-    seed = draw(st.integers(0, 10_000))
-    if draw(st.booleans()):
-        cluster = random_global_cluster(n, seed=seed, speed=(0.5, 2.0), memory=(1, 4), broken=draw(st.sampled_from([0, 0.1])))
-    else:
-        cluster = single_site_cluster(n, seed=seed, speed=(0.5, 2.0))
-    wl = Workload(num_stages=s, path_length=L, microbatches_per_data_node=draw(st.integers(1, 6)), n_layers=4 * s)
-    return build_problem(cluster, wl)
+def small_problems():
+    return generated_problems(stages=(3, 7), max_path=5, extra_nodes=2, max_nodes=14, single_site_memory=False)
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -9,7 +9,8 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from skippipe.cluster_gen import random_global_cluster, single_site_cluster
+from cluster_strategies import generated_problems
+from skippipe.cluster_gen import single_site_cluster
 from skippipe.planfile import Microbatch, plan_violations
 from skippipe.planner.allocation import allocate
 from skippipe.planner.allocation.memory_order import KEYS, memory_ordered
@@ -22,22 +23,8 @@ from skippipe.sim import simulate
 from skippipe.workload import Workload
 
 
-@st.composite
-def uneven_problems(draw):
-    s = draw(st.integers(3, 6))
-    L = draw(st.integers(2, min(s, 4)))
-    n = draw(st.integers(s + 3, 16))
-    seed = draw(st.integers(0, 10_000))
-    if draw(st.booleans()):
-        cluster = random_global_cluster(n, seed=seed, speed=(0.5, 2.0), memory=(1, 4), broken=draw(st.sampled_from([0, 0.1])))
-    else:
-        cluster = single_site_cluster(n, seed=seed, speed=(0.5, 2.0), memory=(1, 4))
-    wl = Workload(num_stages=s, path_length=L, microbatches_per_data_node=draw(st.integers(1, 6)), n_layers=4 * s)
-    return build_problem(cluster, wl)
-
-
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(uneven_problems(), st.sampled_from(KEYS))
+@given(generated_problems(), st.sampled_from(KEYS))
 def test_memory_ordered_keeps_data_nodes_and_sizes_and_sorts_by_its_key(problem, key):
     stages = allocate(problem, seed=0)
     out = memory_ordered(problem, stages, key)
@@ -58,7 +45,7 @@ def test_memory_ordered_leaves_uniform_memory_alone():
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(uneven_problems(), st.integers(0, 10_000))
+@given(generated_problems(), st.integers(0, 10_000))
 def test_slot_holds_equal_the_simulated_holds_of_a_lone_microbatch(problem, seed):
     # one microbatch alone never waits: each path node's slot is held from its forward's start
     # to its backward's end, which is what slot_holds counts

@@ -28,6 +28,7 @@ from skippipe.planner.routing.exchange import Paths, exchange_nodes
 from skippipe.planner.routing.sequences import (
     RouteCosts,
     cheapest_over_sequences,
+    close_chain,
     node_classes,
     sequence_quotas,
     stage_sequences,
@@ -156,17 +157,7 @@ class Capacity:
             prev_val = step[0]
             back.append(step[1])
             prev_nodes = nodes
-        total = prev_val + rc.edge[prev_nodes, data_node]
-        j = int(np.argmin(total))
-        best = float(total[j])
-        if not np.isfinite(best):
-            return float("inf"), []
-        chain = []
-        for nodes, arg in zip(reversed(layers), reversed(back)):
-            chain.append(int(nodes[j]))
-            j = int(arg[j])
-        chain.reverse()
-        return best, chain
+        return close_chain(rc, data_node, layers, prev_nodes, prev_val, back)
 
     def floor(self, rc: RouteCosts, data_node: int, seqs: tuple[tuple[int, ...], ...]) -> float:
         """A little below the cheapest path of ``data_node`` with no caps (so at most any path

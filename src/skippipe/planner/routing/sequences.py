@@ -13,6 +13,7 @@ stage layers (one matrix minimum per layer), so it stays fast at 1,000 nodes.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -125,17 +126,7 @@ def cheapest_chain(
         prev_val = m.min(axis=0) + cost
         back.append(arg)
         prev_nodes = nodes
-    total = prev_val + rc.edge[prev_nodes, data_node]
-    j = int(np.argmin(total))
-    best = float(total[j])
-    if not np.isfinite(best):
-        return float("inf"), []
-    chain = []
-    for nodes, arg in zip(reversed(layers), reversed(back)):
-        chain.append(int(nodes[j]))
-        j = int(arg[j])
-    chain.reverse()
-    return best, chain
+    return close_chain(rc, data_node, layers, prev_nodes, prev_val, back)
 
 
 def cheapest_path(
@@ -224,3 +215,22 @@ def sequence_quotas(
     if not res.success or res.x is None:
         return None
     return {seq: int(round(x)) for seq, x in zip(sequences, res.x) if round(x) > 0}
+
+
+def close_chain(
+    rc: RouteCosts, data_node: int, layers: Sequence[np.ndarray], last_nodes: np.ndarray, last_val: np.ndarray,
+    back: Sequence[np.ndarray],
+) -> tuple[float, list[int]]:
+    """End of a chain search: the hop back to ``data_node`` from the best last node, then the
+    chain read back through ``back`` (the argmin of every layer); ``(inf, [])`` when none is finite."""
+    total = last_val + rc.edge[last_nodes, data_node]
+    j = int(np.argmin(total))
+    best = float(total[j])
+    if not np.isfinite(best):
+        return float("inf"), []
+    chain = []
+    for nodes, arg in zip(reversed(layers), reversed(back), strict=True):
+        chain.append(int(nodes[j]))
+        j = int(arg[j])
+    chain.reverse()
+    return best, chain

@@ -1,0 +1,29 @@
+"""Hypothesis strategies shared by the scheduler tests: small generated clusters with uneven
+compute (and memory) and a workload whose path rules bind."""
+
+from __future__ import annotations
+
+from hypothesis import strategies as st
+
+from skippipe.cluster_gen import random_global_cluster, single_site_cluster
+from skippipe.planner.problem import build_problem
+from skippipe.workload import Workload
+
+
+@st.composite
+def generated_problems(draw, stages: tuple[int, int] = (3, 6), max_path: int = 4, extra_nodes: int = 3,
+                       max_nodes: int = 16, single_site_memory: bool = True):
+    """A problem on a random global cluster (some links broken) or a single site, speeds
+    0.5–2x, memory 1–4 (on a single site only with ``single_site_memory``)."""
+    s = draw(st.integers(*stages))
+    L = draw(st.integers(2, min(s, max_path)))
+    n = draw(st.integers(s + extra_nodes, max_nodes))
+    seed = draw(st.integers(0, 10_000))
+    if draw(st.booleans()):
+        cluster = random_global_cluster(n, seed=seed, speed=(0.5, 2.0), memory=(1, 4), broken=draw(st.sampled_from([0, 0.1])))
+    elif single_site_memory:
+        cluster = single_site_cluster(n, seed=seed, speed=(0.5, 2.0), memory=(1, 4))
+    else:
+        cluster = single_site_cluster(n, seed=seed, speed=(0.5, 2.0))
+    wl = Workload(num_stages=s, path_length=L, microbatches_per_data_node=draw(st.integers(1, 6)), n_layers=4 * s)
+    return build_problem(cluster, wl)
