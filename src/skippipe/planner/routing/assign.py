@@ -26,9 +26,12 @@ from skippipe.errors import UserError
 from skippipe.planner.problem import Problem
 from skippipe.planner.routing.exchange import Paths, exchange_nodes
 from skippipe.planner.routing.sequences import (
+    LARGE_NODES,
+    LARGE_WIDTH,
     RouteCosts,
     cheapest_over_sequences,
     close_chain,
+    nearest,
     node_classes,
     sequence_quotas,
     stage_sequences,
@@ -40,10 +43,13 @@ class Capacity:
 
     Nodes that are interchangeable (``node_classes``) are searched through one representative
     per class and stage: the member with the least capacity left, so a class fills node by node.
+    With ``width`` (large clusters) a data node's paths use only the ``width`` representatives
+    per stage nearest to it (``nearest``), all stage orders in one batched search.
     """
 
-    def __init__(self, stages: list[list[int]], caps: list[int], classes: np.ndarray) -> None:
+    def __init__(self, stages: list[list[int]], caps: list[int], classes: np.ndarray, width: int | None = None) -> None:
         n = len(classes)
+        self.width = width
         self.stages = [list(map(int, s)) for s in stages]
         self.classes = classes
         self.stage_of = np.full(n, -1, dtype=int)
@@ -165,6 +171,7 @@ class Capacity:
         dc = int(self.classes[data_node])
         if dc not in self._floors:
             firsts = [np.asarray(sorted(nodes[0] for nodes in by_class.values()), dtype=int) for by_class in self.members]
+            firsts = firsts if self.width is None else nearest(rc, data_node, firsts, None, self.width)
             self._floors[dc] = cheapest_over_sequences(rc, data_node, firsts, seqs)[0] * (1.0 - 1e-9)
         return self._floors[dc]
 
@@ -232,12 +239,13 @@ def route_one(
     if remaining > 0:
         room = int(np.minimum(cap.stage_left[1:], remaining).sum()) - (left <= remaining).sum(axis=1)
         ok &= room >= remaining * seqa.shape[1]
-    for seq, usable in zip(sequences, ok.tolist()):
-        if not usable:
-            continue
-        cost, chain = cap.chain(rc, data_node, seq)
-        if cost < best[0]:
-            best = (cost, chain)
+    if cap.width is not None:  # large cluster: the nearest representatives, every order at once
+        usable = tuple(seq for seq, u in zip(sequences, ok.tolist()) if u)
+        layers = nearest(rc, data_node, [cap.reps(s) for s in range(len(cap.stages))], None, cap.width)
+        best = cheapest_over_sequences(rc, data_node, layers, usable)
+    for seq, usable in zip(sequences, ok.tolist()) if cap.width is None else ():
+        if usable and (found := cap.chain(rc, data_node, seq))[0] < best[0]:
+            best = found
     if not best[1] and remaining > 0:  # the stage check is a heuristic; fall back without it
         return route_one(rc, cap, data_node, sequences, 0)
     return best
@@ -250,9 +258,7 @@ def _seq_array(sequences: tuple[tuple[int, ...], ...]) -> np.ndarray:
 
 def critical_order(rc: RouteCosts, cap: Capacity, sequences: tuple[tuple[int, ...], ...]) -> list[int]:
     """Data nodes, slowest best round trip first (ties by node id)."""
-    best = {}
-    for d in cap.stages[0]:
-        best[d] = min(cap.chain(rc, d, seq)[0] for seq in sequences)
+    best = {d: route_one(rc, cap, d, sequences, 0)[0] for d in cap.stages[0]}
     return sorted(cap.stages[0], key=lambda d: (-best[d], d))
 
 
@@ -285,7 +291,7 @@ def assign_static(
             )
         paths = _greedy(problem, rc, stages, caps, classes, seqs, quotas, use_rounds)
         assert paths is not None, "routing with feasible sequence quotas cannot fail"
-    cap = Capacity(stages, caps, classes)
+    cap = Capacity(stages, caps, classes, _width(problem))
     cap.round_cap = np.asarray(problem.memory, dtype=int)
     rounds = {d: [round_of(problem, d, k) for k in range(len(plist))] for d, plist in paths.items()} if use_rounds else None
     for d, plist in paths.items():
@@ -303,8 +309,7 @@ def assign_static(
 
 def _greedy(
     problem: Problem, rc: RouteCosts, stages: list[list[int]], caps: list[int], classes: np.ndarray,
-    seqs: tuple[tuple[int, ...], ...],
-    quotas: list[int] | None, rounds: bool = True,
+    seqs: tuple[tuple[int, ...], ...], quotas: list[int] | None, rounds: bool = True,
 ) -> Paths | None:
     """Round robin over the data nodes (slowest first), cheapest path each; None if stuck.
 
@@ -313,7 +318,7 @@ def _greedy(
     together then do not wait for each other's slots (a static, collision-blind load rule).
     """
     m = problem.workload.microbatches_per_data_node
-    cap = Capacity(stages, caps, classes)
+    cap = Capacity(stages, caps, classes, _width(problem))
     cap.round_cap = np.asarray(problem.memory, dtype=int)
     order = critical_order(rc, cap, seqs)
     paths: Paths = {d: [] for d in order}
@@ -342,6 +347,11 @@ def _greedy(
             paths[d].append(path)
     cap.use_round(None)
     return paths
+
+
+def _width(problem: Problem) -> int | None:
+    """Representatives per stage a path search looks at (``Capacity``): all up to ``LARGE_NODES``."""
+    return LARGE_WIDTH if problem.n > LARGE_NODES else None
 
 
 # a path beyond the round's slots is taken instead when it costs less than 1 / ROUND_TOLERANCE of

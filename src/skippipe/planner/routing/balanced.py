@@ -27,19 +27,22 @@ import numpy as np
 
 from skippipe.planner.problem import Problem
 from skippipe.planner.routing.evaluate import Evaluator, Route, Score
-from skippipe.planner.routing.sequences import RouteCosts, cheapest_over_sequences
+from skippipe.planner.routing.sequences import LARGE_NODES, LARGE_WIDTH, RouteCosts, cheapest_over_sequences, nearest
 
 # the queue weight: 1.0 counts a queued visit as fully delaying this one
 QUEUE_WEIGHT = 1.0
 # the queue weights tried (the best simulated one is kept)
 WEIGHTS = (0.5, 1.0, 2.0)
-# above this many nodes the candidate is skipped (every microbatch searches every stage order)
-MAX_NODES = 200
+# above this many nodes a microbatch searches only the ``LARGE_WIDTH`` nodes per stage nearest
+# its data node (``nearest``; every microbatch searches every stage order) and only the
+# ``LARGE_VARIANTS`` (weight, holds) pairs are tried
+MAX_NODES = LARGE_NODES
+LARGE_VARIANTS = ((1.0, False), (2.0, True))
 
 
 def balanced_routes(
     problem: Problem, stages: list[list[int]], caps: list[int], seqs: tuple[tuple[int, ...], ...],
-    weight: float = QUEUE_WEIGHT, holds: bool = False,
+    weight: float = QUEUE_WEIGHT, holds: bool = False, width: int | None = None,
 ) -> list[Route] | None:
     """Paths that spread the visits by the work queued on each node (see the module text),
     with ``holds`` by the larger of the work and the slot-hold time per slot; None when some
@@ -56,7 +59,9 @@ def balanced_routes(
     loss = np.asarray(problem.forward_s, dtype=float) * problem.cost_model.loss_factor
 
     def best_path(d: int, penalty: np.ndarray) -> tuple[float, list[int]]:
-        return cheapest_over_sequences(rc, d, arrays, seqs, penalty)
+        if width is None:
+            return cheapest_over_sequences(rc, d, arrays, seqs, penalty)
+        return cheapest_over_sequences(rc, d, nearest(rc, d, arrays, penalty, width), seqs, penalty)
 
     free = np.zeros(problem.n)
     first = {d: best_path(d, free)[0] for d in stages[0]}
@@ -96,14 +101,16 @@ def balanced_candidate(
     """The best of ``balanced_routes`` at the weights ``WEIGHTS``, without and with the
     slot-hold term, scored by ``ev``; when none
     finishes (paths with swaps can wait on each other for memory) the same without swaps.
-    None above ``MAX_NODES`` nodes or when no routing finishes."""
-    if problem.n > MAX_NODES:
-        return None
+    Above ``MAX_NODES`` nodes: the ``LARGE_VARIANTS`` over the ``LARGE_WIDTH`` nearest nodes
+    per stage. None when no routing finishes."""
+    large = problem.n > MAX_NODES
+    width = LARGE_WIDTH if large else None
+    variants = LARGE_VARIANTS if large else tuple(itertools.product(WEIGHTS, (False, True)))
     no_swaps = tuple(q for q in seqs if list(q) == sorted(q))
     best: tuple[list[Route], Score] | None = None
     for allowed in (seqs, no_swaps):
-        for w, holds in itertools.product(WEIGHTS, (False, True)):
-            routes = balanced_routes(problem, stages, caps, allowed, w, holds) if allowed else None
+        for w, holds in variants:
+            routes = balanced_routes(problem, stages, caps, allowed, w, holds, width) if allowed else None
             if routes is None:
                 continue
             score = ev.score(routes)

@@ -140,6 +140,11 @@ def cheapest_path(
     return cheapest_over_sequences(rc, data_node, [np.asarray(s, dtype=int) for s in stages], sequences, penalty)
 
 
+# above this many nodes a path search looks only at the ``LARGE_WIDTH`` nodes (or node classes)
+# per stage nearest to the data node (``nearest``): a 1,000-node cluster's stages hold 100 nodes
+LARGE_NODES = 200
+LARGE_WIDTH = 16
+
 # above this many (sequence x node x node) entries per layer the sequences are searched one by one
 BATCH_LIMIT = 2_000_000
 
@@ -191,6 +196,23 @@ def cheapest_over_sequences(
         chain.append(int(nodes[q, i - 1, j]))
     chain.reverse()
     return float(per_seq[q]), chain
+
+
+def nearest(
+    rc: RouteCosts, d: int, arrays: Sequence[np.ndarray], penalty: np.ndarray | None, width: int
+) -> list[np.ndarray]:
+    """Per stage, the ``width`` usable nodes (finite ``penalty``; None: all) cheapest to visit
+    from ``d`` on their own (the hops to and from ``d``, the visit and the penalty; ties by
+    node id), in id order: the candidates of a large cluster's path search."""
+    out = []
+    for a in arrays:
+        if penalty is not None:
+            a = a[np.isfinite(penalty[a])]
+        if len(a) > width:
+            cost = rc.edge[d, a] + rc.node[a] + (0.0 if penalty is None else penalty[a])
+            a = np.sort(a[np.lexsort((a, cost))[:width]])
+        out.append(a)
+    return out
 
 
 def sequence_quotas(
