@@ -18,7 +18,7 @@ less than half as much (``ROUND_TOLERANCE``). Times are never simulated.
 
 from __future__ import annotations
 
-from functools import lru_cache
+from collections.abc import Callable
 
 import numpy as np
 
@@ -26,13 +26,13 @@ from skippipe.errors import UserError
 from skippipe.planner.problem import Problem
 from skippipe.planner.routing.exchange import Paths, exchange_nodes
 from skippipe.planner.routing.sequences import (
-    LARGE_NODES,
-    LARGE_WIDTH,
     RouteCosts,
     cheapest_over_sequences,
     close_chain,
     nearest,
     node_classes,
+    search_width,
+    sequence_array,
     sequence_quotas,
     stage_sequences,
 )
@@ -105,16 +105,22 @@ class Capacity:
     def reps(self, s: int) -> np.ndarray:
         """One node with capacity left per class of stage s."""
         r = self._reps[s]
-        if r is None:
+        if r is None and self.single[s]:  # every node its own class: the live nodes, in id order
+            nodes = self.full[s]
+            live = self.left[nodes] > 0
+            if self.round is not None and self.round_cap is not None:
+                live &= self.round_used[self.round][nodes] < self.round_cap[nodes]
+            r = nodes[live]
+        elif r is None:
             out = []
             for nodes in self.members[s].values():
                 live = [x for x in nodes if self._live(x)]
                 if live:
                     out.append(min(live, key=lambda x: (self.left[x], x)))
             r = np.asarray(sorted(out), dtype=int)
+        if self._reps[s] is None:  # the version names the content, so a stage that comes back to
+            # representatives it had (a round switched back and forth, a visit given and taken) hits the caches
             self._reps[s] = r
-            # the version names the content, so a stage that comes back to representatives it
-            # had (a round switched back and forth, a visit given and taken) hits the caches
             self.version[s] = self._ids.setdefault((s, r.tobytes()), len(self._ids))
         return r
 
@@ -233,7 +239,7 @@ def route_one(
     # after one more microbatch on a sequence, can ``remaining`` others still find len(seq)
     # distinct stages with capacity (sum over stages of min(left, remaining))? The visit lowers
     # that sum by the number of its stages with at most ``remaining`` visits left
-    seqa = _seq_array(sequences)
+    seqa = sequence_array(sequences)
     left = cap.stage_left[seqa]
     ok = left.min(axis=1) > 0
     if remaining > 0:
@@ -251,11 +257,6 @@ def route_one(
     return best
 
 
-@lru_cache(maxsize=64)
-def _seq_array(sequences: tuple[tuple[int, ...], ...]) -> np.ndarray:
-    return np.asarray(sequences, dtype=int).reshape(len(sequences), -1)
-
-
 def critical_order(rc: RouteCosts, cap: Capacity, sequences: tuple[tuple[int, ...], ...]) -> list[int]:
     """Data nodes, slowest best round trip first (ties by node id)."""
     best = {d: route_one(rc, cap, d, sequences, 0)[0] for d in cap.stages[0]}
@@ -264,9 +265,10 @@ def critical_order(rc: RouteCosts, cap: Capacity, sequences: tuple[tuple[int, ..
 
 def assign_static(
     problem: Problem, stages: list[list[int]], caps: list[int], passes: int = 4, max_swaps: int | None = None,
-    use_rounds: bool = True,
+    use_rounds: bool = True, finishes: Callable[[Paths], bool] | None = None,
 ) -> Paths:
-    """Cheap valid paths for all microbatches under the caps, ignoring time collisions.
+    """Cheap valid paths for all microbatches under the caps, ignoring time collisions. With
+    ``finishes``, greedy paths it rejects (a memory deadlock) are returned without the passes.
 
     The greedy may paint itself into a corner on tight caps; it then starts over with the
     number of microbatches per stage sequence fixed by ``sequence_quotas``. Raises a
@@ -291,7 +293,9 @@ def assign_static(
             )
         paths = _greedy(problem, rc, stages, caps, classes, seqs, quotas, use_rounds)
         assert paths is not None, "routing with feasible sequence quotas cannot fail"
-    cap = Capacity(stages, caps, classes, _width(problem))
+    if finishes is not None and not finishes(paths):
+        return paths
+    cap = Capacity(stages, caps, classes, search_width(problem.n))
     cap.round_cap = np.asarray(problem.memory, dtype=int)
     rounds = {d: [round_of(problem, d, k) for k in range(len(plist))] for d, plist in paths.items()} if use_rounds else None
     for d, plist in paths.items():
@@ -318,7 +322,7 @@ def _greedy(
     together then do not wait for each other's slots (a static, collision-blind load rule).
     """
     m = problem.workload.microbatches_per_data_node
-    cap = Capacity(stages, caps, classes, _width(problem))
+    cap = Capacity(stages, caps, classes, search_width(problem.n))
     cap.round_cap = np.asarray(problem.memory, dtype=int)
     order = critical_order(rc, cap, seqs)
     paths: Paths = {d: [] for d in order}
@@ -347,11 +351,6 @@ def _greedy(
             paths[d].append(path)
     cap.use_round(None)
     return paths
-
-
-def _width(problem: Problem) -> int | None:
-    """Representatives per stage a path search looks at (``Capacity``): all up to ``LARGE_NODES``."""
-    return LARGE_WIDTH if problem.n > LARGE_NODES else None
 
 
 # a path beyond the round's slots is taken instead when it costs less than 1 / ROUND_TOLERANCE of

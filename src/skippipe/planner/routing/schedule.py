@@ -12,7 +12,8 @@ adds candidates built for the timeline:
 1. private chains (``route_groups``): every data node gets L-1 nodes of its own, so microbatches
    of different data nodes never queue on the same node (when the caps allow it);
    Data nodes left without a chain share the capacity that is left;
-2. balanced routing (``routing.balanced``, up to 200 nodes): each microbatch pays for the work
+2. balanced routing (``routing.balanced``; above 200 nodes over the 16 nodes per stage nearest
+   each data node, two variants): each microbatch pays for the work
    already queued on the nodes it visits, so slow nodes carry fewer visits and fast ones more
    (the TC1 caps stay caps); it takes a share of the search only when it is the best start;
 3. joint allocation (only when the cluster fixes no allocation): groups of one data node and
@@ -47,9 +48,10 @@ from skippipe.planner.problem import Problem
 from skippipe.planner.routing.assign import assign_static, round_of
 from skippipe.planner.routing.balanced import balanced_candidate
 from skippipe.planner.routing.evaluate import Evaluator, Incremental, Route, Score
+from skippipe.planner.routing.exchange import Paths
 from skippipe.planner.routing.groups import group_allocation, private_chains
 from skippipe.planner.routing.search import RouteSearch, SearchLimits
-from skippipe.planner.routing.sequences import RouteCosts, stage_sequences
+from skippipe.planner.routing.sequences import RouteCosts, search_width, stage_sequences
 from skippipe.sim import simulate
 
 
@@ -109,8 +111,19 @@ def static_routes(problem: Problem, stages: list[list[int]], caps: list[int] | N
 
 
 def _static_routes(problem: Problem, stages: list[list[int]], caps: list[int], max_swaps: int | None) -> list[Route]:
-    paths = assign_static(problem, stages, caps, max_swaps=max_swaps)
     rc = RouteCosts.from_problem(problem)
+
+    def finishes(paths: Paths) -> bool:
+        return math.isfinite(Evaluator(problem, stages).score(_in_rounds(problem, rc, stages, paths)).makespan)
+
+    # large clusters: greedy paths with swaps that deadlock are not polished (they are routed
+    # again without swaps)
+    check = finishes if max_swaps is None and search_width(problem.n) is not None else None
+    return _in_rounds(problem, rc, stages, assign_static(problem, stages, caps, max_swaps=max_swaps, finishes=check))
+
+
+def _in_rounds(problem: Problem, rc: RouteCosts, stages: list[list[int]], paths: Paths) -> list[Route]:
+    """The routes of every data node, round by round, slowest path first within a round."""
     routes: list[Route] = []
     for d in stages[0]:
         plist = [tuple(int(x) for x in p) for p in paths.get(d, [])]

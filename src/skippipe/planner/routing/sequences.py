@@ -44,6 +44,12 @@ def stage_sequences(num_stages: int, path_length: int, max_swaps: int, max_jump:
     return tuple(out)
 
 
+@lru_cache(maxsize=64)
+def sequence_array(sequences: tuple[tuple[int, ...], ...]) -> np.ndarray:
+    """The stage orders as a (orders x stages) array (cached)."""
+    return np.asarray(sequences, dtype=int).reshape(len(sequences), -1)
+
+
 @dataclass
 class RouteCosts:
     """Static (collision-free) costs of routing microbatches, in seconds."""
@@ -144,6 +150,12 @@ def cheapest_path(
 # per stage nearest to the data node (``nearest``): a 1,000-node cluster's stages hold 100 nodes
 LARGE_NODES = 200
 LARGE_WIDTH = 16
+
+
+def search_width(n: int) -> int | None:
+    """Nodes (or node classes) per stage a path search of an ``n``-node cluster looks at: all
+    up to ``LARGE_NODES`` (None), else ``LARGE_WIDTH``."""
+    return LARGE_WIDTH if n > LARGE_NODES else None
 
 # above this many (sequence x node x node) entries per layer the sequences are searched one by one
 BATCH_LIMIT = 2_000_000
