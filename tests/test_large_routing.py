@@ -13,11 +13,12 @@ from hypothesis import strategies as st
 
 from cluster_strategies import generated_problems
 from skippipe.cluster_gen import random_global_cluster
+from skippipe.errors import UserError
 from skippipe.planfile import plan_violations
 from skippipe.planner.allocation import allocate
 from skippipe.planner.allocation.memory_order import memory_ordered
 from skippipe.planner.problem import build_problem
-from skippipe.planner.routing.assign import Capacity, route_one
+from skippipe.planner.routing.assign import Capacity, assign_static, route_one
 from skippipe.planner.routing.balanced import balanced_candidate
 from skippipe.planner.routing.evaluate import Evaluator
 from skippipe.planner.routing.schedule import build_plan, static_routes
@@ -86,3 +87,16 @@ def test_a_300_node_uneven_cluster_gets_valid_static_balanced_and_memory_order_r
             assert plan_violations(plan) == []  # the path rules, the jump rule among them
             assert np.isfinite(plan.predicted_makespan_s)
     assert found >= 3 and caps
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(generated_problems())
+def test_greedy_paths_rejected_by_finishes_are_returned_unpolished(problem):
+    stages = allocate(problem, seed=0)
+    caps = problem.load_caps(stages)
+    try:
+        greedy = assign_static(problem, stages, caps, passes=0)
+    except UserError:
+        return  # the caps admit no routing
+    assert assign_static(problem, stages, caps, finishes=lambda paths: False) == greedy
+    assert assign_static(problem, stages, caps, finishes=lambda paths: True) == assign_static(problem, stages, caps)
