@@ -7,8 +7,9 @@ faster node elsewhere carries visits. The allocation search picks data nodes for
 and the groups, not for this; the TC1 caps (visits in proportion to speed) are only caps.
 
 ``data_node_search`` starts from an allocation with its balanced routing (``routing.balanced``)
-and exchanges the data node that finishes last in simulation with a node outside stage 0 (of
-any stage; it takes that node's place, so the stage sizes and the node set stay): every such
+and exchanges each of the ``LATEST`` data nodes that finish last in simulation with each node
+outside stage 0 (of any stage; it takes that node's place, so the stage sizes and the node set
+stay): every such
 exchange is routed with the balanced routing at the queue weight and slot-hold setting that
 won on the start and scored by the simulator (``Evaluator``), and the best is kept when it
 beats the current allocation. It goes on from there, at most ``MAX_EXCHANGES`` times. The

@@ -20,7 +20,10 @@ adds candidates built for the timeline:
 4. memory order (only when the cluster fixes no allocation and memory is uneven): the
    balanced routing on the allocation with its non-data nodes dealt to the stages by memory
    (``allocation.memory_order``: nodes with few slots late in the paths, where a visit holds
-   its slot shortly).
+   its slot shortly);
+5. data-node exchanges (only when the cluster fixes no allocation, compute is uneven and N <= 32):
+   the best balanced-routed allocation with its latest data nodes exchanged for other nodes
+   while the simulated balanced routing improves (``routing.data_nodes``).
 
 Every candidate is scored by the simulator (``route_eval``, component by component) and
 improved by local search on the critical data node (``route_search``: exchanges of nodes
