@@ -109,3 +109,28 @@ def test_bad_input_one_line_exit_2(tmp_path, plan_file, content, extra, message)
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0] and "Traceback" not in proc.stderr
     assert not (tmp_path / "chart.jpg").exists()
+
+
+def test_round_trip_breakdown_adds_up(plan_file, capsys):
+    """The mean round trip is its compute, hops and waiting; with no other traffic a lone
+    microbatch waits only for the gaps after its operations."""
+    assert main(["simulate", str(plan_file), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    trips = doc["round_trips"]
+    assert trips["mean_s"] == pytest.approx(trips["compute_s"] + trips["hops_s"] + trips["waiting_s"], abs=1e-3)
+    assert trips["compute_s"] > 0 and trips["hops_s"] > 0 and trips["waiting_s"] >= -1e-6
+    assert trips["slowest_s"] >= trips["mean_s"]
+    plan = reference_plan("shipped", "ca")
+    plan.microbatches = plan.microbatches[:1]
+    plan.processing_order = None
+    lone = plan_file.parent / "lone.json"
+    save_plan(plan, lone)
+    assert main(["simulate", str(lone)]) == 0
+    out = capsys.readouterr().out
+    line = next(ln for ln in out.splitlines() if ln.startswith("round trips"))
+    c = plan.costs
+    mb = plan.microbatches[0]
+    work = c.forward_s[mb.data_node] * c.own_factor + sum(c.forward_s[x] * c.visit_factor for x in mb.path)
+    assert f"compute {work:.2f}" in line
+    waiting = float(line.split("waiting ")[1].split()[0])
+    assert 0 <= waiting <= 2 * len(mb.path) * max(c.op_gap_s, c.inject_gap_s) + 1e-6

@@ -1,7 +1,8 @@
 """``skippipe simulate PLAN``: simulate one iteration of a plan.
 
 Prints a table (per node: operations, busy, idle and waiting time), the makespan, the lower
-bound and their ratio; ``--json`` prints the same as JSON (with per-node intervals);
+bound and their ratio, and what the round trips are made of (compute, hops, waiting);
+``--json`` prints the same as JSON (with per-node intervals);
 ``--gantt FILE.png`` draws the timeline. Exit code 0, or 1 when the plan cannot finish
 (memory deadlock); bad input exits 2.
 """
@@ -12,6 +13,8 @@ import argparse
 import json
 import math
 from typing import Any
+
+import numpy as np
 
 from skippipe.bounds import compute_bound, plan_data_node_floor, plan_memory_floor
 from skippipe.errors import UserError
@@ -79,9 +82,40 @@ def summary(plan: Plan, result: SimResult) -> dict[str, Any]:
         "data_node_floor_s": _round(plan_data_node_floor(plan)) if lb else None,
         "ratio": _round(result.makespan_s / lb) if lb > 0 and result.finished else None,
         "floor_all_s": _round(free.value) if free is not None else None,
+        "round_trips": trip_breakdown(plan, result),
         "microbatch_wait_s": {str(k): round(v, 4) for k, v in sorted(mb_wait.items())},
         "nodes": nodes,
     }
+
+
+def trip_breakdown(plan: Plan, result: SimResult) -> dict[str, float] | None:
+    """Mean round trip (a microbatch's injection to its last backward) split into its compute
+    (F, L, B on its route), its hops (forward and back) and the rest, waiting (for a node, a
+    slot, or the gaps after operations); the slowest trip too. None when nothing finished."""
+    c = plan.costs
+    f = np.asarray(c.forward_s, dtype=float)
+    t = np.asarray(c.transfer_s, dtype=float)
+    first: dict[int, float] = {}
+    last: dict[int, float] = {}
+    for op in result.ops:
+        first[op.mb] = min(first.get(op.mb, math.inf), op.start)
+        last[op.mb] = max(last.get(op.mb, -math.inf), op.end)
+    rows = []
+    for mb in plan.microbatches:
+        if mb.id not in first or mb.id not in result.finish_s:
+            continue
+        route = mb.route()
+        work = f[mb.data_node] * c.own_factor + sum(f[x] * c.visit_factor for x in mb.path)
+        hops = sum(t[a, b] + t[b, a] for a, b in zip(route, route[1:]))
+        rows.append((mb.id, last[mb.id] - first[mb.id], work, hops))
+    if not rows:
+        return None
+    trips = np.array([r[1:] for r in rows])
+    slowest = max(rows, key=lambda r: r[1])
+    mean = trips.mean(axis=0)
+    return {"mean_s": round(float(mean[0]), 4), "compute_s": round(float(mean[1]), 4), "hops_s": round(float(mean[2]), 4),
+            "waiting_s": round(float(mean[0] - mean[1] - mean[2]), 4), "slowest_s": round(float(slowest[1]), 4),
+            "slowest_mb": int(slowest[0])}
 
 
 def format_table(doc: dict[str, Any], title: str) -> str:
@@ -110,6 +144,11 @@ def format_table(doc: dict[str, Any], title: str) -> str:
     lines.append(f"lower bound   {doc['lower_bound_s']:.2f} s ({parts})")
     if doc["ratio"] is not None:
         lines.append(f"ratio         {doc['ratio']:.3f} (makespan / lower bound)")
+    trips = doc.get("round_trips")
+    if trips:
+        lines.append(f"round trips   mean {trips['mean_s']:.2f} s = compute {trips['compute_s']:.2f} "
+                     f"+ hops {trips['hops_s']:.2f} + waiting {trips['waiting_s']:.2f} s "
+                     f"(slowest {trips['slowest_s']:.2f} s, microbatch {trips['slowest_mb']})")
     if doc.get("floor_all_s") and doc["finished"]:
         lines.append(f"floor         {doc['floor_all_s']:.2f} s over every allocation of these stage sizes "
                      f"(makespan / floor = {doc['makespan_s'] / doc['floor_all_s']:.3f})")

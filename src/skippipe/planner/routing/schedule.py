@@ -21,7 +21,10 @@ adds candidates built for the timeline:
 4. memory order (only when the cluster fixes no allocation and memory is uneven): the
    balanced routing on the allocation with its non-data nodes dealt to the stages by memory
    (``allocation.memory_order``: nodes with few slots late in the paths, where a visit holds
-   its slot shortly).
+   its slot shortly);
+5. data-node exchanges (only when the cluster fixes no allocation, compute is uneven and N <= 32):
+   the best balanced-routed allocation with its latest data nodes exchanged for other nodes
+   while the simulated balanced routing improves (``routing.data_nodes``).
 
 Every candidate is scored by the simulator (``route_eval``, component by component) and
 improved by local search on the critical data node (``route_search``: exchanges of nodes
@@ -47,6 +50,8 @@ from skippipe.planfile import Microbatch, Plan
 from skippipe.planner.problem import Problem
 from skippipe.planner.routing.assign import assign_static, round_of
 from skippipe.planner.routing.balanced import balanced_candidate
+from skippipe.planner.routing.data_nodes import MAX_NODES as DATA_NODES_MAX_NODES
+from skippipe.planner.routing.data_nodes import data_node_search
 from skippipe.planner.routing.evaluate import Evaluator, Incremental, Route, Score
 from skippipe.planner.routing.exchange import Paths
 from skippipe.planner.routing.groups import group_allocation, private_chains
@@ -250,6 +255,10 @@ def plan_skippipe(
     for mem_cand, mem_ev in _memory_candidates(problem, stages):
         evaluators[id(mem_cand.stages)] = mem_ev
         cands.append(mem_cand)
+    dn_cand = _data_node_candidate(problem, cands)
+    if dn_cand is not None:
+        evaluators[id(dn_cand.stages)] = Evaluator(problem, dn_cand.stages)
+        cands.append(dn_cand)
     if problem.fixed_stages is None:
         grouped = group_allocation(problem, seed, deadline)
         if grouped is not None:
@@ -265,8 +274,8 @@ def plan_skippipe(
     cands.sort(key=lambda c: c.score.key())
     lead = cands[0].score.makespan
     promising = [c for c in cands if c.score.makespan <= 1.10 * lead] if math.isfinite(lead) else cands[:1]
-    # the balanced routing takes a share of the search only when it is the best start
-    promising = [c for c in promising if c.name != "balanced" or c is cands[0]]
+    # the balanced routing and the data-node exchanges take a share of the search only when best
+    promising = [c for c in promising if (c.name != "balanced" and not c.name.startswith("data nodes")) or c is cands[0]]
     searches = {}
     phase1 = _portion(limits, deadline, 0.4)
     for k, cand in enumerate(promising):
@@ -319,6 +328,20 @@ def _memory_candidates(problem: Problem, stages: list[list[int]]) -> list[tuple[
         if found is not None:
             out.append((Candidate(f"memory-order ({key})", mem_stages, *found), ev))
     return out
+
+
+def _data_node_candidate(problem: Problem, cands: list[Candidate]) -> Candidate | None:
+    """The balanced routing on the best balanced-routed allocation so far with its data nodes
+    exchanged for other nodes while the simulator says it helps (``routing.data_nodes``), when
+    the cluster fixes no allocation and compute is uneven."""
+    if problem.fixed_stages is not None or problem.n > DATA_NODES_MAX_NODES or len(set(problem.forward_s.tolist())) <= 1:
+        return None
+    starts = [c for c in cands if c.name == "balanced" or c.name.startswith("memory-order")]
+    if not starts:
+        return None
+    start = min(starts, key=lambda c: c.score.key())
+    found = data_node_search(problem, start.stages, _sequences(problem, start.stages))
+    return None if found is None else Candidate(f"data nodes ({start.name})", *found)
 
 
 def cands_by_name(cands: list[Candidate], name: str) -> Candidate | None:

@@ -1,0 +1,102 @@
+"""Data nodes chosen for their own work and their round trips: a candidate of ``plan_skippipe``.
+
+A data node runs its microbatches' embedding and first-stage forward, the loss and the final
+backward, and every round trip of its microbatches starts and ends there: on uneven compute
+the iteration often ends at one data node, slow itself or with slow round trips, while a
+faster node elsewhere carries visits. The allocation search picks data nodes for the network
+and the groups, not for this; the TC1 caps (visits in proportion to speed) are only caps.
+
+``data_node_search`` starts from an allocation with its balanced routing (``routing.balanced``)
+and exchanges each of the ``LATEST`` data nodes that finish last in simulation with each node
+outside stage 0 (of any stage; it takes that node's place, so the stage sizes and the node set
+stay): every such
+exchange is routed with the balanced routing at the queue weight and slot-hold setting that
+won on the start and scored by the simulator (``Evaluator``), and the best is kept when it
+beats the current allocation. It goes on from there, at most ``MAX_EXCHANGES`` times. The
+data-node floor (fastest round trip + ``trip_floor``) is no guide here: on the suite's global
+uneven cluster (N = 24) the exchange that lowered the balanced routing's simulated makespan
+most (65.44 s -> 61.31 s) raised that floor (47.36 s -> 48.36 s); the waits come from round
+trips that share nodes, which the simulator sees and the floor does not.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+from skippipe.planner.problem import Problem
+from skippipe.planner.routing.balanced import WEIGHTS, balanced_routes
+from skippipe.planner.routing.evaluate import Evaluator, Route, Score
+
+# at most this many accepted exchanges
+MAX_EXCHANGES = 4
+# the data nodes (latest finish first) whose exchanges are tried at each step
+LATEST = 3
+# above this many nodes the candidate is skipped (at 40 nodes, S = 9, one step of exchanges
+# costs seconds of planning)
+MAX_NODES = 32
+# the balanced routing's settings (queue weight, slot-hold term)
+SETTINGS = tuple(itertools.product(WEIGHTS, (False, True)))
+
+
+def _routed(
+    problem: Problem, stages: list[list[int]], seqs: tuple[tuple[int, ...], ...], settings: tuple[tuple[float, bool], ...],
+) -> tuple[tuple[float, bool], list[Route], Score] | None:
+    """The best balanced routing of ``stages`` over ``settings`` (setting, routes, score);
+    None when none finishes."""
+    ev = Evaluator(problem, stages)
+    caps = problem.load_caps(stages)
+    best = None
+    for w, holds in settings:
+        routes = balanced_routes(problem, stages, caps, seqs, w, holds)
+        if routes is None:
+            continue
+        score = ev.score(routes)
+        if math.isfinite(score.makespan) and (best is None or score < best[2]):
+            best = ((w, holds), routes, score)
+    return best
+
+
+def exchanged(stages: list[list[int]], d: int, x: int) -> list[list[int]]:
+    """``stages`` with data node ``d`` and node ``x`` (outside stage 0) exchanged."""
+    out = []
+    for s, nodes in enumerate(stages):
+        if s == 0:
+            out.append(sorted([y for y in nodes if y != d] + [x]))
+        elif x in nodes:
+            out.append(sorted([y for y in nodes if y != x] + [d]))
+        else:
+            out.append(sorted(nodes))
+    return out
+
+
+def data_node_search(
+    problem: Problem, stages: list[list[int]], seqs: tuple[tuple[int, ...], ...],
+) -> tuple[list[list[int]], list[Route], Score] | None:
+    """An allocation whose data nodes were exchanged while that lowered the simulated score of
+    the balanced routing (see the module text), with that routing and its score; None when no
+    exchange helps or no balanced routing finishes."""
+    start = _routed(problem, stages, seqs, SETTINGS)
+    if start is None:
+        return None
+    setting, routes, score = start
+    cur = [sorted(int(x) for x in s) for s in stages]
+    changed = False
+    for _ in range(MAX_EXCHANGES):
+        best: tuple[list[list[int]], list[Route], Score] | None = None
+        latest = list(score.latest[:LATEST]) or cur[0][:LATEST]
+        for d, x in itertools.product(latest, sorted(x for s in cur[1:] for x in s)):
+            trial = exchanged(cur, d, x)
+            found = _routed(problem, trial, seqs, (setting,))
+            if found is not None and found[2] < score and (best is None or found[2] < best[2]):
+                best = (trial, found[1], found[2])
+        if best is None:
+            break
+        cur, routes, score = best
+        changed = True
+    if not changed:
+        return None
+    final = _routed(problem, cur, seqs, SETTINGS)  # every setting on the final allocation
+    if final is not None and final[2] < score:
+        routes, score = final[1], final[2]
+    return cur, routes, score
