@@ -14,14 +14,14 @@ from hypothesis import strategies as st
 from cluster_strategies import generated_problems
 from skippipe.cluster_gen import random_global_cluster
 from skippipe.errors import UserError
-from skippipe.planfile import plan_violations
+from skippipe.planfile import path_rule_violation, plan_violations
 from skippipe.planner.allocation import allocate
 from skippipe.planner.allocation.memory_order import memory_ordered
 from skippipe.planner.problem import build_problem
 from skippipe.planner.routing.assign import Capacity, assign_static, route_one
 from skippipe.planner.routing.balanced import balanced_candidate
 from skippipe.planner.routing.evaluate import Evaluator
-from skippipe.planner.routing.schedule import build_plan, static_routes
+from skippipe.planner.routing.schedule import build_plan, plan_no_tc2, plan_skippipe, static_routes
 from skippipe.planner.routing.sequences import LARGE_NODES, RouteCosts, nearest, node_classes, stage_sequences
 from skippipe.workload import Workload
 
@@ -100,3 +100,15 @@ def test_greedy_paths_rejected_by_finishes_are_returned_unpolished(problem):
         return  # the caps admit no routing
     assert assign_static(problem, stages, caps, finishes=lambda paths: False) == greedy
     assert assign_static(problem, stages, caps, finishes=lambda paths: True) == assign_static(problem, stages, caps)
+
+
+def test_skippipe_plans_a_300_node_uneven_cluster_validly_and_no_worse_than_no_tc2():
+    cluster = random_global_cluster(300, seed=3, sites=20, broken=0.05, speed=(0.5, 2.0), memory=(1, 4))
+    problem = build_problem(cluster, Workload(num_stages=7, path_length=4))
+    plan = plan_skippipe(problem, seed=0, budget=20)
+    assert plan_violations(plan) == []
+    stage_of = {x: s for s, nodes in enumerate(plan.stages) for x in nodes}
+    w = problem.workload
+    for mb in plan.microbatches:  # the jump rule: a visit at most max_jump stages past the frontier
+        assert path_rule_violation([stage_of[x] for x in mb.path], w.max_swaps, w.max_jump) is None
+    assert plan.predicted_makespan_s <= plan_no_tc2(problem, seed=0).predicted_makespan_s
