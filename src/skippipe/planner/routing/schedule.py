@@ -49,7 +49,7 @@ from skippipe.planfile import Microbatch, Plan
 from skippipe.planner.problem import Problem
 from skippipe.planner.routing.assign import assign_static, round_of
 from skippipe.planner.routing.balanced import balanced_candidate
-from skippipe.planner.routing.data_nodes import MAX_NODES as DATA_NODES_MAX_NODES
+from skippipe.planner.routing.data_nodes import LARGEST as DATA_NODES_LARGEST
 from skippipe.planner.routing.data_nodes import data_node_search
 from skippipe.planner.routing.evaluate import Evaluator, Incremental, Route, Score
 from skippipe.planner.routing.groups import group_allocation, private_chains
@@ -321,13 +321,13 @@ def _data_node_candidate(problem: Problem, cands: list[Candidate]) -> Candidate 
     """The balanced routing on the best balanced-routed allocation so far with its data nodes
     exchanged for other nodes while the simulator says it helps (``routing.data_nodes``), when
     the cluster fixes no allocation and compute is uneven."""
-    if problem.fixed_stages is not None or problem.n > DATA_NODES_MAX_NODES or len(set(problem.forward_s.tolist())) <= 1:
+    if problem.fixed_stages is not None or problem.n > DATA_NODES_LARGEST or len(set(problem.forward_s.tolist())) <= 1:
         return None
     starts = [c for c in cands if c.name == "balanced" or c.name.startswith("memory-order")]
     if not starts:
         return None
     start = min(starts, key=lambda c: c.score.key())
-    found = data_node_search(problem, start.stages, _sequences(problem, start.stages))
+    found = data_node_search(problem, start.stages, _sequences(problem, start.stages), start.score)
     return None if found is None else Candidate(f"data nodes ({start.name})", *found)
 
 
