@@ -132,3 +132,20 @@ def test_a_known_start_score_changes_nothing():
     without = data_node_search(problem, stages, seqs)
     assert with_known is not None and without is not None
     assert with_known[0] == without[0] and with_known[1] == without[1] and with_known[2].key() == without[2].key()
+
+
+def test_the_tally_counts_every_balanced_routing(monkeypatch):
+    from skippipe.planner.routing import data_nodes
+
+    calls = [0]
+    real = data_nodes.balanced_routes
+
+    def counted(*args, **kwargs):
+        calls[0] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(data_nodes, "balanced_routes", counted)
+    problem, stages, _ = _slow_data_node_problem()
+    tally = [0]
+    assert data_node_search(problem, stages, _seqs(problem, stages), tally=tally) is not None
+    assert tally[0] == calls[0] > len(data_nodes.SETTINGS)

@@ -48,23 +48,29 @@ LATEST_LARGE = 1
 MAX_NODES = 32
 # the shortlist: this many fastest nodes and this many with the cheapest round trips as data nodes
 SHORTLIST = 4
+# above MAX_NODES nodes each balanced routing the candidate runs is charged to the search budget
+# as this many simulations (at N = 100 a routing and its scoring take about 0.07 s CPU, a
+# simulation of the path search about 3 ms)
+ROUTING_CHARGE = 20
 # the balanced routing's settings (queue weight, slot-hold term)
 SETTINGS = tuple(itertools.product(WEIGHTS, (False, True)))
 
 
 def _routed(
     problem: Problem, stages: list[list[int]], seqs: tuple[tuple[int, ...], ...], settings: tuple[tuple[float, bool], ...],
-    known: Score | None = None,
+    known: Score | None = None, tally: list[int] | None = None,
 ) -> tuple[tuple[float, bool], list[Route], Score] | None:
     """The best balanced routing of ``stages`` over ``settings`` (setting, routes, score);
     None when none finishes. With ``known``, the best score already found for these stages
     and settings (``balanced_candidate``), the first setting that reaches it is the best one
-    and the later ones are not tried."""
+    and the later ones are not tried. Each routing run adds 1 to ``tally[0]``."""
     ev = Evaluator(problem, stages)
     caps = problem.load_caps(stages)
     best = None
     for w, holds in settings:
         routes = balanced_routes(problem, stages, caps, seqs, w, holds)
+        if tally is not None:
+            tally[0] += 1
         if routes is None:
             continue
         score = ev.score(routes)
@@ -114,12 +120,14 @@ def partners(
 
 def data_node_search(
     problem: Problem, stages: list[list[int]], seqs: tuple[tuple[int, ...], ...], known: Score | None = None,
+    tally: list[int] | None = None,
 ) -> tuple[list[list[int]], list[Route], Score] | None:
     """An allocation whose data nodes were exchanged while that lowered the simulated score of
     the balanced routing (see the module text), with that routing and its score; None when no
     exchange helps or no balanced routing finishes. ``known``: the balanced routing's score on
-    ``stages`` when the caller has it (saves routings, changes nothing)."""
-    start = _routed(problem, stages, seqs, SETTINGS, known)
+    ``stages`` when the caller has it (saves routings, changes nothing); ``tally[0]`` counts the
+    balanced routings run."""
+    start = _routed(problem, stages, seqs, SETTINGS, known, tally)
     if start is None:
         return None
     setting, routes, score = start
@@ -132,7 +140,7 @@ def data_node_search(
         pairs = [(d, x) for d in latest for x in partners(problem, cur, seqs, d)]
         for d, x in pairs:
             trial = exchanged(cur, d, x)
-            found = _routed(problem, trial, seqs, (setting,))
+            found = _routed(problem, trial, seqs, (setting,), tally=tally)
             if found is not None and found[2] < score and (best is None or found[2] < best[2]):
                 best = (trial, found[1], found[2])
         if best is None:
@@ -141,7 +149,7 @@ def data_node_search(
         changed = True
     if not changed:
         return None
-    final = _routed(problem, cur, seqs, SETTINGS)  # every setting on the final allocation
+    final = _routed(problem, cur, seqs, SETTINGS, tally=tally)  # every setting on the final allocation
     if final is not None and final[2] < score:
         routes, score = final[1], final[2]
     return cur, routes, score
