@@ -15,8 +15,9 @@ won on the start and scored by the simulator (``Evaluator``), and the best is ke
 beats the current allocation. It goes on from there, at most ``MAX_EXCHANGES`` times. Above
 ``MAX_NODES`` nodes only the data node that finishes last is exchanged, and only with a
 shortlist (``partners``): the ``SHORTLIST`` fastest nodes outside stage 0 and the ``SHORTLIST``
-whose cheapest round trip as a data node in its place is quickest; above ``LARGEST`` nodes the
-candidate is skipped. The
+whose cheapest round trip as a data node in its place is quickest, and the caller charges its
+routings to the search budget (``ROUTING_CHARGE``); above ``LARGEST`` nodes the candidate is
+skipped. The
 data-node floor (fastest round trip + ``trip_floor``) is no guide here: on the suite's global
 uneven cluster (N = 24) the exchange that lowered the balanced routing's simulated makespan
 most (65.44 s -> 61.31 s) raised that floor (47.36 s -> 48.36 s); the waits come from round

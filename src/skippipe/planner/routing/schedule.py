@@ -21,9 +21,10 @@ adds candidates built for the timeline:
    balanced routing on the allocation with its non-data nodes dealt to the stages by memory
    (``allocation.memory_order``: nodes with few slots late in the paths, where a visit holds
    its slot shortly);
-5. data-node exchanges (only when the cluster fixes no allocation, compute is uneven and N <= 32):
+5. data-node exchanges (only when the cluster fixes no allocation, compute is uneven and N <= 100):
    the best balanced-routed allocation with its latest data nodes exchanged for other nodes
-   while the simulated balanced routing improves (``routing.data_nodes``).
+   while the simulated balanced routing improves (``routing.data_nodes``; above 32 nodes a
+   shortlist of partners, its routings charged to the search budget).
 
 Every candidate is scored by the simulator (``route_eval``, component by component) and
 improved by local search on the critical data node (``route_search``: exchanges of nodes
