@@ -14,10 +14,10 @@ from skippipe.planfile import plan_violations
 from skippipe.planner.allocation import allocate
 from skippipe.planner.problem import Problem, build_problem
 from skippipe.planner.routing.balanced import balanced_candidate
-from skippipe.planner.routing.data_nodes import data_node_search, exchanged
+from skippipe.planner.routing.data_nodes import MAX_NODES, data_node_search, exchanged, partners
 from skippipe.planner.routing.evaluate import Evaluator
 from skippipe.planner.routing.schedule import build_plan, plan_skippipe
-from skippipe.planner.routing.sequences import stage_sequences
+from skippipe.planner.routing.sequences import RouteCosts, cheapest_over_sequences, stage_sequences
 from skippipe.workload import Workload
 
 
@@ -95,3 +95,57 @@ def test_the_candidate_is_off_on_a_fixed_allocation_and_on_even_compute():
     assert plan_skippipe(fixed, seed=0, budget=50).meta["candidate"] in ("no-tc2", "private-chains", "balanced")
     even = build_problem(dataclasses.replace(problem.cluster, compute_speed=np.ones(problem.n)), problem.workload)
     assert not plan_skippipe(even, seed=0, budget=50).meta["candidate"].startswith("data nodes")
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(generated_problems(stages=(3, 5), extra_nodes=30, max_nodes=40), st.integers(1, 4))
+def test_the_shortlist_above_max_nodes_has_the_fastest_node_and_the_cheapest_round_trip(problem, k):
+    assert problem.n > MAX_NODES
+    stages = allocate(problem, seed=0)
+    seqs = _seqs(problem, stages)
+    others = sorted(x for s in stages[1:] for x in s)
+    rc = RouteCosts.from_problem(problem)
+    for d in stages[0]:
+        short = partners(problem, stages, seqs, d, k)
+        assert short == sorted(set(short)) and set(short) <= set(others) and 1 <= len(short) <= 2 * k
+        assert min(others, key=lambda x: (float(problem.forward_s[x]), x)) in short
+
+        trips = {x: cheapest_over_sequences(rc, x, [np.asarray(s, dtype=int) for s in exchanged(stages, d, x)], seqs)[0]
+                 for x in others}
+        assert min(others, key=lambda x: (trips[x], x)) in short
+
+
+@settings(max_examples=10, deadline=None)
+@given(generated_problems(max_nodes=14))
+def test_up_to_max_nodes_every_node_outside_stage_0_is_a_partner(problem):
+    stages = allocate(problem, seed=0)
+    for d in stages[0]:
+        assert partners(problem, stages, _seqs(problem, stages), d, 1) == sorted(x for s in stages[1:] for x in s)
+
+
+def test_a_known_start_score_changes_nothing():
+    problem, stages, _ = _slow_data_node_problem()
+    seqs = _seqs(problem, stages)
+    start = balanced_candidate(problem, stages, problem.load_caps(stages), seqs, Evaluator(problem, stages))
+    assert start is not None
+    with_known = data_node_search(problem, stages, seqs, start[1])
+    without = data_node_search(problem, stages, seqs)
+    assert with_known is not None and without is not None
+    assert with_known[0] == without[0] and with_known[1] == without[1] and with_known[2].key() == without[2].key()
+
+
+def test_the_tally_counts_every_balanced_routing(monkeypatch):
+    from skippipe.planner.routing import data_nodes
+
+    calls = [0]
+    real = data_nodes.balanced_routes
+
+    def counted(*args, **kwargs):
+        calls[0] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(data_nodes, "balanced_routes", counted)
+    problem, stages, _ = _slow_data_node_problem()
+    tally = [0]
+    assert data_node_search(problem, stages, _seqs(problem, stages), tally=tally) is not None
+    assert tally[0] == calls[0] > len(data_nodes.SETTINGS)

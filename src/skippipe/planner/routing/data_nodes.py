@@ -12,7 +12,12 @@ outside stage 0 (of any stage; it takes that node's place, so the stage sizes an
 stay): every such
 exchange is routed with the balanced routing at the queue weight and slot-hold setting that
 won on the start and scored by the simulator (``Evaluator``), and the best is kept when it
-beats the current allocation. It goes on from there, at most ``MAX_EXCHANGES`` times. The
+beats the current allocation. It goes on from there, at most ``MAX_EXCHANGES`` times. Above
+``MAX_NODES`` nodes only the data node that finishes last is exchanged, and only with a
+shortlist (``partners``): the ``SHORTLIST`` fastest nodes outside stage 0 and the ``SHORTLIST``
+whose cheapest round trip as a data node in its place is quickest, and the caller charges its
+routings to the search budget (``ROUTING_CHARGE``); above ``LARGEST`` nodes the candidate is
+skipped. The
 data-node floor (fastest round trip + ``trip_floor``) is no guide here: on the suite's global
 uneven cluster (N = 24) the exchange that lowered the balanced routing's simulated makespan
 most (65.44 s -> 61.31 s) raised that floor (47.36 s -> 48.36 s); the waits come from round
@@ -24,36 +29,56 @@ from __future__ import annotations
 import itertools
 import math
 
+import numpy as np
+
 from skippipe.planner.problem import Problem
 from skippipe.planner.routing.balanced import WEIGHTS, balanced_routes
 from skippipe.planner.routing.evaluate import Evaluator, Route, Score
+from skippipe.planner.routing.sequences import RouteCosts, cheapest_over_sequences
 
 # at most this many accepted exchanges
 MAX_EXCHANGES = 4
 # the data nodes (latest finish first) whose exchanges are tried at each step
 LATEST = 3
-# above this many nodes the candidate is skipped (at 40 nodes, S = 9, one step of exchanges
-# costs seconds of planning)
+# above this many nodes the candidate is skipped (measured up to the suite's 100-node clusters)
+LARGEST = 100
+# the data nodes tried at each step above MAX_NODES nodes
+LATEST_LARGE = 1
+# up to this many nodes every node outside stage 0 is an exchange partner; above it only a
+# shortlist (``partners``) is (at 40 nodes, S = 9, one step of every exchange costs seconds)
 MAX_NODES = 32
+# the shortlist: this many fastest nodes and this many with the cheapest round trips as data nodes
+SHORTLIST = 4
+# above MAX_NODES nodes each balanced routing the candidate runs is charged to the search budget
+# as this many simulations (at N = 100 a routing and its scoring take about 0.07 s CPU, a
+# simulation of the path search about 3 ms)
+ROUTING_CHARGE = 20
 # the balanced routing's settings (queue weight, slot-hold term)
 SETTINGS = tuple(itertools.product(WEIGHTS, (False, True)))
 
 
 def _routed(
     problem: Problem, stages: list[list[int]], seqs: tuple[tuple[int, ...], ...], settings: tuple[tuple[float, bool], ...],
+    known: Score | None = None, tally: list[int] | None = None,
 ) -> tuple[tuple[float, bool], list[Route], Score] | None:
     """The best balanced routing of ``stages`` over ``settings`` (setting, routes, score);
-    None when none finishes."""
+    None when none finishes. With ``known``, the best score already found for these stages
+    and settings (``balanced_candidate``), the first setting that reaches it is the best one
+    and the later ones are not tried. Each routing run adds 1 to ``tally[0]``."""
     ev = Evaluator(problem, stages)
     caps = problem.load_caps(stages)
     best = None
     for w, holds in settings:
         routes = balanced_routes(problem, stages, caps, seqs, w, holds)
+        if tally is not None:
+            tally[0] += 1
         if routes is None:
             continue
         score = ev.score(routes)
         if math.isfinite(score.makespan) and (best is None or score < best[2]):
             best = ((w, holds), routes, score)
+            if known is not None and score.key() == known.key():
+                break
     return best
 
 
@@ -70,13 +95,40 @@ def exchanged(stages: list[list[int]], d: int, x: int) -> list[list[int]]:
     return out
 
 
+def partners(
+    problem: Problem, stages: list[list[int]], seqs: tuple[tuple[int, ...], ...], d: int, k: int | None = None,
+) -> list[int]:
+    """The exchange partners of data node ``d`` above ``MAX_NODES`` nodes: the ``k`` (default ``SHORTLIST``) fastest
+    nodes outside stage 0 and the ``k`` whose cheapest round trip (own work, visits and hops,
+    nothing queued) as a data node in ``d``'s place is quickest; every node outside stage 0
+    up to ``MAX_NODES`` nodes. Sorted, ties broken by node id."""
+    others = sorted(x for s in stages[1:] for x in s)
+    if problem.n <= MAX_NODES:
+        return others
+    k = SHORTLIST if k is None else k
+    forward = problem.forward_s
+    fastest = sorted(others, key=lambda x: (float(forward[x]), x))[:k]
+    rc = RouteCosts.from_problem(problem)
+
+    def trip(x: int) -> float:
+        arrays = [np.asarray(s, dtype=int) for s in exchanged(stages, d, x)]
+        return cheapest_over_sequences(rc, x, arrays, seqs)[0]
+
+    trips = {x: trip(x) for x in others}
+    cheapest = sorted(others, key=lambda x: (trips[x], x))[:k]
+    return sorted(set(fastest) | set(cheapest))
+
+
 def data_node_search(
-    problem: Problem, stages: list[list[int]], seqs: tuple[tuple[int, ...], ...],
+    problem: Problem, stages: list[list[int]], seqs: tuple[tuple[int, ...], ...], known: Score | None = None,
+    tally: list[int] | None = None,
 ) -> tuple[list[list[int]], list[Route], Score] | None:
     """An allocation whose data nodes were exchanged while that lowered the simulated score of
     the balanced routing (see the module text), with that routing and its score; None when no
-    exchange helps or no balanced routing finishes."""
-    start = _routed(problem, stages, seqs, SETTINGS)
+    exchange helps or no balanced routing finishes. ``known``: the balanced routing's score on
+    ``stages`` when the caller has it (saves routings, changes nothing); ``tally[0]`` counts the
+    balanced routings run."""
+    start = _routed(problem, stages, seqs, SETTINGS, known, tally)
     if start is None:
         return None
     setting, routes, score = start
@@ -84,10 +136,12 @@ def data_node_search(
     changed = False
     for _ in range(MAX_EXCHANGES):
         best: tuple[list[list[int]], list[Route], Score] | None = None
-        latest = list(score.latest[:LATEST]) or cur[0][:LATEST]
-        for d, x in itertools.product(latest, sorted(x for s in cur[1:] for x in s)):
+        count = LATEST if problem.n <= MAX_NODES else LATEST_LARGE
+        latest = list(score.latest[:count]) or cur[0][:count]
+        pairs = [(d, x) for d in latest for x in partners(problem, cur, seqs, d)]
+        for d, x in pairs:
             trial = exchanged(cur, d, x)
-            found = _routed(problem, trial, seqs, (setting,))
+            found = _routed(problem, trial, seqs, (setting,), tally=tally)
             if found is not None and found[2] < score and (best is None or found[2] < best[2]):
                 best = (trial, found[1], found[2])
         if best is None:
@@ -96,7 +150,7 @@ def data_node_search(
         changed = True
     if not changed:
         return None
-    final = _routed(problem, cur, seqs, SETTINGS)  # every setting on the final allocation
+    final = _routed(problem, cur, seqs, SETTINGS, tally=tally)  # every setting on the final allocation
     if final is not None and final[2] < score:
         routes, score = final[1], final[2]
     return cur, routes, score

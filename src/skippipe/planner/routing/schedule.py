@@ -22,9 +22,10 @@ adds candidates built for the timeline:
    balanced routing on the allocation with its non-data nodes dealt to the stages by memory
    (``allocation.memory_order``: nodes with few slots late in the paths, where a visit holds
    its slot shortly);
-5. data-node exchanges (only when the cluster fixes no allocation, compute is uneven and N <= 32):
+5. data-node exchanges (only when the cluster fixes no allocation, compute is uneven and N <= 100):
    the best balanced-routed allocation with its latest data nodes exchanged for other nodes
-   while the simulated balanced routing improves (``routing.data_nodes``).
+   while the simulated balanced routing improves (``routing.data_nodes``; above 32 nodes a
+   shortlist of partners, its routings charged to the search budget).
 
 Every candidate is scored by the simulator (``route_eval``, component by component) and
 improved by local search on the critical data node (``route_search``: exchanges of nodes
@@ -50,8 +51,9 @@ from skippipe.planfile import Microbatch, Plan
 from skippipe.planner.problem import Problem
 from skippipe.planner.routing.assign import assign_static, round_of
 from skippipe.planner.routing.balanced import balanced_candidate
+from skippipe.planner.routing.data_nodes import LARGEST as DATA_NODES_LARGEST
 from skippipe.planner.routing.data_nodes import MAX_NODES as DATA_NODES_MAX_NODES
-from skippipe.planner.routing.data_nodes import data_node_search
+from skippipe.planner.routing.data_nodes import ROUTING_CHARGE, data_node_search
 from skippipe.planner.routing.evaluate import Evaluator, Incremental, Route, Score
 from skippipe.planner.routing.exchange import Paths
 from skippipe.planner.routing.groups import group_allocation, private_chains
@@ -255,7 +257,7 @@ def plan_skippipe(
     for mem_cand, mem_ev in _memory_candidates(problem, stages):
         evaluators[id(mem_cand.stages)] = mem_ev
         cands.append(mem_cand)
-    dn_cand = _data_node_candidate(problem, cands)
+    dn_cand = _data_node_candidate(problem, cands, limits)
     if dn_cand is not None:
         evaluators[id(dn_cand.stages)] = Evaluator(problem, dn_cand.stages)
         cands.append(dn_cand)
@@ -330,17 +332,21 @@ def _memory_candidates(problem: Problem, stages: list[list[int]]) -> list[tuple[
     return out
 
 
-def _data_node_candidate(problem: Problem, cands: list[Candidate]) -> Candidate | None:
+def _data_node_candidate(problem: Problem, cands: list[Candidate], limits: SearchLimits) -> Candidate | None:
     """The balanced routing on the best balanced-routed allocation so far with its data nodes
     exchanged for other nodes while the simulator says it helps (``routing.data_nodes``), when
-    the cluster fixes no allocation and compute is uneven."""
-    if problem.fixed_stages is not None or problem.n > DATA_NODES_MAX_NODES or len(set(problem.forward_s.tolist())) <= 1:
+    the cluster fixes no allocation and compute is uneven; above ``DATA_NODES_MAX_NODES`` nodes
+    its routings are charged to ``limits``."""
+    if problem.fixed_stages is not None or problem.n > DATA_NODES_LARGEST or len(set(problem.forward_s.tolist())) <= 1:
         return None
     starts = [c for c in cands if c.name == "balanced" or c.name.startswith("memory-order")]
     if not starts:
         return None
     start = min(starts, key=lambda c: c.score.key())
-    found = data_node_search(problem, start.stages, _sequences(problem, start.stages))
+    tally = [0]
+    found = data_node_search(problem, start.stages, _sequences(problem, start.stages), start.score, tally)
+    if problem.n > DATA_NODES_MAX_NODES:
+        limits.spent += tally[0] * ROUTING_CHARGE
     return None if found is None else Candidate(f"data nodes ({start.name})", *found)
 
 
