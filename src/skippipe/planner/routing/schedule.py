@@ -69,6 +69,8 @@ class Candidate:
     routes: list[Route]
     score: Score
     orders: dict[int, list[str]] | None = None
+    balanced: bool = False  # routed by ``routing.balanced`` (a start for the data-node exchanges)
+    searched_only_if_best: bool = False  # takes a share of the search only as the best start
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -252,7 +254,7 @@ def plan_skippipe(
         cands.append(Candidate("private-chains", stages, routes, ev.score(routes)))
     balanced = balanced_candidate(problem, stages, caps, seqs, ev)
     if balanced is not None:
-        cands.append(Candidate("balanced", stages, *balanced))
+        cands.append(Candidate("balanced", stages, *balanced, balanced=True, searched_only_if_best=True))
     evaluators = {id(stages): ev}
     for mem_cand, mem_ev in _memory_candidates(problem, stages):
         evaluators[id(mem_cand.stages)] = mem_ev
@@ -277,7 +279,7 @@ def plan_skippipe(
     lead = cands[0].score.makespan
     promising = [c for c in cands if c.score.makespan <= 1.10 * lead] if math.isfinite(lead) else cands[:1]
     # the balanced routing and the data-node exchanges take a share of the search only when best
-    promising = [c for c in promising if (c.name != "balanced" and not c.name.startswith("data nodes")) or c is cands[0]]
+    promising = [c for c in promising if not c.searched_only_if_best or c is cands[0]]
     searches = {}
     phase1 = _portion(limits, deadline, 0.4)
     for k, cand in enumerate(promising):
@@ -328,7 +330,7 @@ def _memory_candidates(problem: Problem, stages: list[list[int]]) -> list[tuple[
         ev = Evaluator(problem, mem_stages)
         found = balanced_candidate(problem, mem_stages, problem.load_caps(mem_stages), _sequences(problem, mem_stages), ev)
         if found is not None:
-            out.append((Candidate(f"memory-order ({key})", mem_stages, *found), ev))
+            out.append((Candidate(f"memory-order ({key})", mem_stages, *found, balanced=True), ev))
     return out
 
 
@@ -339,7 +341,7 @@ def _data_node_candidate(problem: Problem, cands: list[Candidate], limits: Searc
     its routings are charged to ``limits``."""
     if problem.fixed_stages is not None or problem.n > DATA_NODES_LARGEST or len(set(problem.forward_s.tolist())) <= 1:
         return None
-    starts = [c for c in cands if c.name == "balanced" or c.name.startswith("memory-order")]
+    starts = [c for c in cands if c.balanced]
     if not starts:
         return None
     start = min(starts, key=lambda c: c.score.key())
@@ -347,7 +349,9 @@ def _data_node_candidate(problem: Problem, cands: list[Candidate], limits: Searc
     found = data_node_search(problem, start.stages, _sequences(problem, start.stages), start.score, tally)
     if problem.n > DATA_NODES_MAX_NODES:
         limits.spent += tally[0] * ROUTING_CHARGE
-    return None if found is None else Candidate(f"data nodes ({start.name})", *found)
+    if found is None:
+        return None
+    return Candidate(f"data nodes ({start.name})", *found, balanced=True, searched_only_if_best=True)
 
 
 def cands_by_name(cands: list[Candidate], name: str) -> Candidate | None:
