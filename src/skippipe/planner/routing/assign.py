@@ -249,9 +249,10 @@ def route_one(
         usable = tuple(seq for seq, u in zip(sequences, ok.tolist()) if u)
         layers = nearest(rc, data_node, [cap.reps(s) for s in range(len(cap.stages))], None, cap.width)
         best = cheapest_over_sequences(rc, data_node, layers, usable)
-    for seq, usable in zip(sequences, ok.tolist()) if cap.width is None else ():
-        if usable and (found := cap.chain(rc, data_node, seq))[0] < best[0]:
-            best = found
+    else:
+        for seq, u in zip(sequences, ok.tolist()):
+            if u and (found := cap.chain(rc, data_node, seq))[0] < best[0]:
+                best = found
     if not best[1] and remaining > 0:  # the stage check is a heuristic; fall back without it
         return route_one(rc, cap, data_node, sequences, 0)
     return best
