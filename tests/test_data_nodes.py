@@ -148,4 +148,4 @@ def test_the_tally_counts_every_balanced_routing(monkeypatch):
     problem, stages, _ = _slow_data_node_problem()
     tally = [0]
     assert data_node_search(problem, stages, _seqs(problem, stages), tally=tally) is not None
-    assert tally[0] == calls[0] > len(data_nodes.SETTINGS)
+    assert tally[0] == calls[0] > len(data_nodes.VARIANTS)

@@ -8,7 +8,7 @@ its round trip plus the work already queued on the nodes it visits: a node with 
 adds c x (its F + B) to the path's cost. A node's queue grows by its own visit time, so a slow
 node becomes expensive after fewer visits than a fast one and the visits spread as the nodes'
 speeds allow, round by round. Nothing is simulated; the search in ``routing.schedule`` scores it.
-Above ``MAX_NODES`` nodes a microbatch looks only at the 16 usable nodes per stage nearest its
+Above ``sequences.LARGE_NODES`` nodes a microbatch looks only at the 16 usable nodes per stage nearest its
 data node (``sequences.nearest``) and fewer variants are tried (``LARGE_VARIANTS``): about 1.5 s
 a routing at 1,000 nodes.
 
@@ -30,16 +30,17 @@ import numpy as np
 
 from skippipe.planner.problem import Problem
 from skippipe.planner.routing.evaluate import Evaluator, Route, Score
-from skippipe.planner.routing.sequences import LARGE_NODES, RouteCosts, cheapest_over_sequences, nearest, search_width
+from skippipe.planner.routing.sequences import RouteCosts, cheapest_over_sequences, nearest, search_width
 
 # the queue weight: 1.0 counts a queued visit as fully delaying this one
 QUEUE_WEIGHT = 1.0
 # the queue weights tried (the best simulated one is kept)
 WEIGHTS = (0.5, 1.0, 2.0)
-# above this many nodes a microbatch searches only the ``LARGE_WIDTH`` nodes per stage nearest
-# its data node (``search_width``; every stage order still) and only the ``LARGE_VARIANTS``
-# (weight, holds) pairs are tried
-MAX_NODES = LARGE_NODES
+# the (weight, holds) pairs tried: every weight without and with the slot-hold term
+VARIANTS = tuple(itertools.product(WEIGHTS, (False, True)))
+# on large clusters (``search_width`` not None: a microbatch searches only the ``LARGE_WIDTH``
+# nodes per stage nearest its data node, every stage order still) only these (weight, holds)
+# pairs are tried
 LARGE_VARIANTS = ((1.0, False), (2.0, True))
 
 
@@ -104,11 +105,10 @@ def balanced_candidate(
     """The best of ``balanced_routes`` at the weights ``WEIGHTS``, without and with the
     slot-hold term, scored by ``ev``; when none
     finishes (paths with swaps can wait on each other for memory) the same without swaps.
-    Above ``MAX_NODES`` nodes: the ``LARGE_VARIANTS`` over the ``LARGE_WIDTH`` nearest nodes
+    Above ``sequences.LARGE_NODES`` nodes: the ``LARGE_VARIANTS`` over the ``LARGE_WIDTH`` nearest nodes
     per stage. None when no routing finishes."""
-    large = problem.n > MAX_NODES
     width = search_width(problem.n)
-    variants = LARGE_VARIANTS if large else tuple(itertools.product(WEIGHTS, (False, True)))
+    variants = LARGE_VARIANTS if width is not None else VARIANTS
     no_swaps = tuple(q for q in seqs if list(q) == sorted(q))
     best: tuple[list[Route], Score] | None = None
     for allowed in (seqs, no_swaps):

@@ -26,13 +26,12 @@ trips that share nodes, which the simulator sees and the floor does not.
 
 from __future__ import annotations
 
-import itertools
 import math
 
 import numpy as np
 
 from skippipe.planner.problem import Problem
-from skippipe.planner.routing.balanced import WEIGHTS, balanced_routes
+from skippipe.planner.routing.balanced import VARIANTS, balanced_routes
 from skippipe.planner.routing.evaluate import Evaluator, Route, Score
 from skippipe.planner.routing.sequences import RouteCosts, cheapest_over_sequences
 
@@ -53,8 +52,6 @@ SHORTLIST = 4
 # as this many simulations (at N = 100 a routing and its scoring take about 0.07 s CPU, a
 # simulation of the path search about 3 ms)
 ROUTING_CHARGE = 20
-# the balanced routing's settings (queue weight, slot-hold term)
-SETTINGS = tuple(itertools.product(WEIGHTS, (False, True)))
 
 
 def _routed(
@@ -128,7 +125,7 @@ def data_node_search(
     exchange helps or no balanced routing finishes. ``known``: the balanced routing's score on
     ``stages`` when the caller has it (saves routings, changes nothing); ``tally[0]`` counts the
     balanced routings run."""
-    start = _routed(problem, stages, seqs, SETTINGS, known, tally)
+    start = _routed(problem, stages, seqs, VARIANTS, known, tally)
     if start is None:
         return None
     setting, routes, score = start
@@ -150,7 +147,7 @@ def data_node_search(
         changed = True
     if not changed:
         return None
-    final = _routed(problem, cur, seqs, SETTINGS, tally=tally)  # every setting on the final allocation
+    final = _routed(problem, cur, seqs, VARIANTS, tally=tally)  # every setting on the final allocation
     if final is not None and final[2] < score:
         routes, score = final[1], final[2]
     return cur, routes, score
