@@ -48,7 +48,8 @@ def live_index(num_stages: int, frozen: list[int]) -> dict[int, int]:
     """Stage -> its position among the stages that are not frozen. CC3 distances (jumps and
     swaps) are measured in these positions: a frozen stage is skipped by every path and counts
     neither for ``max_jump`` nor for a swap's distance (the model runs as if it were not there)."""
-    live = [s for s in range(num_stages) if s not in set(frozen)]
+    skipped = set(frozen)
+    live = [s for s in range(num_stages) if s not in skipped]
     return {s: k for k, s in enumerate(live)}
 
 
@@ -122,6 +123,7 @@ def plan_violations(plan: Plan) -> list[str]:
             out.append(f"microbatch id {mb_id} is used {k} times")
     if not plan.microbatches:
         out.append("plan has no microbatches")
+    live = live_index(S, plan.frozen_stages)
     for mb in plan.microbatches:
         w = f"microbatch {mb.id}"
         if mb.data_node not in data_nodes:
@@ -141,7 +143,6 @@ def plan_violations(plan: Plan) -> list[str]:
         if 0 in visited:
             out.append(f"{w}: path runs stage 0 again (CC1/CC2: stage 0 only on its own data node)")
             continue
-        live = live_index(S, plan.frozen_stages)
         reason = path_rule_violation([live[s] for s in visited], c.max_swaps, c.max_jump)
         if reason and frozen:
             reason += f" (counted over the stages not frozen, {sorted(live)})"
