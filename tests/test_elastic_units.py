@@ -171,3 +171,48 @@ def test_a_step_cut_short_hands_over_only_the_snapshot(tmp_path):
     snap.stepping = True  # as if the worker was stopped inside optimizer.step
     assert hand_off(tmp_path, 0, 0, module, opt, 1, snap, [1.0, 2.0]) == [1]
     assert not (tmp_path / "node-000" / "step-000002").exists()
+
+
+def test_the_recovery_signal_waits_out_the_local_optimizer_step():
+    """A drain that arrives after the last collective of an iteration is raised only once the
+    step is applied, so the worker hands over the step its peers reach too (a planned join
+    after iteration 3 goes on from step 3, not 2)."""
+    import os
+    import signal
+
+    from skippipe.errors import PeerLost
+    from skippipe.runtime import entry
+    from skippipe.runtime.faults import RECOVERY_SIGNAL
+    from skippipe.runtime.handoff import LATCH
+
+    old = signal.getsignal(RECOVERY_SIGNAL)
+    try:
+        entry._install_recovery_handler()
+        stage = torch.nn.Linear(2, 2)
+        opt = torch.optim.SGD(stage.parameters(), lr=0.1)
+        stage(torch.ones(1, 2)).sum().backward()
+        before = stage.weight.detach().clone()
+        applied = []
+        with pytest.raises(PeerLost):
+            with LATCH.local_step():
+                os.kill(os.getpid(), RECOVERY_SIGNAL)  # delivered here, held until the section ends
+                snap = StepSnapshot()
+                guarded_step(stage, opt, snap, 3)
+                applied.append(not torch.equal(stage.weight, before))
+        assert applied == [True] and not snap.stepping and LATCH.pending is None
+        with pytest.raises(PeerLost):  # outside the section it is raised at once (once per worker)
+            LATCH.hold_or_raise(PeerLost(None, "x"))
+    finally:
+        signal.signal(RECOVERY_SIGNAL, old)
+
+
+def test_an_error_inside_the_local_step_goes_on_and_drops_the_held_signal():
+    from skippipe.errors import PeerLost
+    from skippipe.runtime.handoff import RecoveryLatch
+
+    latch = RecoveryLatch()
+    with pytest.raises(ValueError):
+        with latch.local_step():
+            latch.hold_or_raise(PeerLost(None, "held"))
+            raise ValueError("diverged")
+    assert latch.pending is None and not latch.holding

@@ -56,10 +56,13 @@ def _gone(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return True
-    try:  # a zombie of a process that is not ours counts as gone
-        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z"
-    except OSError:
-        return True
+    # a zombie of a process that is not ours counts as gone, once every thread of it is gone too:
+    # a leader shows "Z" while its other threads still exit, holding its descriptors (the lock)
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+        return all((t / "stat").read_text().split(")")[-1].split()[0] in ("Z", "X") for t in tasks)
+    except OSError:  # a thread went while we looked: look again
+        return False
 
 
 def _wait_gone(pids: list[int], limit_s: float = 60) -> list[int]:

@@ -134,8 +134,11 @@ def _install_stop_handlers(stop: StopRequest) -> None:
 
 def _install_recovery_handler() -> None:
     """Elastic recovery: the launcher's ``RECOVERY_SIGNAL`` (another node failed) raises
-    ``PeerLost`` once, wherever the worker waits; the worker then hands its state over
+    ``PeerLost`` once, wherever the worker waits, except inside its local optimizer step
+    (``handoff.LATCH``: raised as the step ends); the worker then hands its state over
     (``handoff.py``: a step it cuts short is never handed over)."""
+    from skippipe.runtime.handoff import LATCH
+
     if threading.current_thread() is not threading.main_thread():
         return
     fired = {"done": False}
@@ -143,7 +146,8 @@ def _install_recovery_handler() -> None:
     def handler(signum: int, frame: FrameType | None) -> None:
         if not fired["done"]:
             fired["done"] = True
-            raise PeerLost(None, "the launcher stopped this worker to go on with a new plan (a node failed, or a re-plan)")
+            LATCH.hold_or_raise(
+                PeerLost(None, "the launcher stopped this worker to go on with a new plan (a node failed, or a re-plan)"))
 
     signal.signal(RECOVERY_SIGNAL, handler)
 

@@ -24,6 +24,8 @@ from __future__ import annotations
 import copy
 import json
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -62,6 +64,38 @@ class StepSnapshot:
             for p, saved in zip(stage.parameters(), self.params):
                 p.copy_(saved)
         optimizer.load_state_dict(self.optim)
+
+
+@dataclass
+class RecoveryLatch:
+    """Holds the recovery signal's ``PeerLost`` while a worker finishes its local optimizer step.
+
+    Once an iteration's last collective is through, every worker applies the same step with no
+    peer involved: a drain that arrives then (a planned join, or a failure noticed late) waits
+    until the step is applied, so the worker hands over the step all its peers reach too."""
+
+    holding: bool = False
+    pending: BaseException | None = None
+
+    def hold_or_raise(self, exc: BaseException) -> None:
+        if not self.holding:
+            raise exc
+        self.pending = exc
+
+    @contextmanager
+    def local_step(self) -> Iterator[None]:
+        """The section the signal waits out; a held ``PeerLost`` is raised as it ends."""
+        self.holding = True
+        try:
+            yield
+        finally:
+            self.holding = False
+            held, self.pending = self.pending, None  # an error inside goes on; the held signal with it
+        if held is not None:
+            raise held
+
+
+LATCH = RecoveryLatch()  # one per worker process: the recovery handler (``entry.py``) and the loop share it
 
 
 def guarded_step(stage: torch.nn.Module, optimizer: torch.optim.Optimizer, snapshot: StepSnapshot | None, step: int) -> None:

@@ -47,7 +47,7 @@ from skippipe.runtime import checkpoint as ckpt
 from skippipe.runtime.accumulate import OrderedGradAccumulator
 from skippipe.runtime.emulation import Emulation
 from skippipe.runtime.faults import StopRequest
-from skippipe.runtime.handoff import StepSnapshot, guarded_step
+from skippipe.runtime.handoff import LATCH, StepSnapshot, guarded_step
 from skippipe.runtime.metrics import MetricsWriter
 from skippipe.runtime.process_group import Groups, communicating
 from skippipe.runtime.saving import CheckpointWriter, save_run_checkpoint
@@ -322,6 +322,11 @@ class Worker:
         with communicating(f"the loss and norm sum of iteration {it + 1}", self.s.timeout_s):
             dist.all_reduce(vec, op=dist.ReduceOp.SUM, group=g.world)
             dist.all_reduce(span, op=dist.ReduceOp.MAX, group=g.world)
+        with LATCH.local_step():  # no peer from here on: a drain waits until the step is applied
+            return self._apply_step(it, state, vec, span)
+
+    def _apply_step(self, it: int, state: Any, vec: torch.Tensor, span: torch.Tensor) -> IterationStats:
+        plan, M, S = self.s.plan, len(self.s.plan.microbatches), self.s.plan.num_stages
         loss = float(np.mean(vec[:M].tolist()))  # the reference executor's mean, in id order
         norm, factor = G.clip_coefficient(vec[M : M + S].tolist(), self.s.train_cfg.grad_clip)
         lr = lr_at(it, self.s.train_cfg)
@@ -333,6 +338,7 @@ class Worker:
         set_lr(self.optimizer, lr)
         guarded_step(self.stage, self.optimizer, self.snapshot, it)
         self.steps = it + 1
+        self.losses_so_far.append(loss)  # with the step: a hand-over of step it + 1 carries its loss
         self.optimizer.zero_grad(set_to_none=True)
         samples = len(plan.microbatches) * self.s.train_cfg.samples_per_microbatch
         return IterationStats(
@@ -368,7 +374,6 @@ class Worker:
                                     "iter_s": stats.iter_s, "makespan_s": stats.makespan_s})
             out.append(stats)
             prune_records(self.s.timeline, it, self.s.timeline_iteration - 1)
-            self.losses_so_far.append(stats.loss)
             last = stats.iteration == end
             if self.s.metrics is not None and (stats.iteration % self.s.log_every == 0 or last or stats.stop):
                 self.s.metrics.write({
