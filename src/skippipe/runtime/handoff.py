@@ -68,11 +68,14 @@ class StepSnapshot:
 
 @dataclass
 class RecoveryLatch:
-    """Holds the recovery signal's ``PeerLost`` while a worker finishes its local optimizer step.
+    """Holds the recovery signal's ``PeerLost`` from an iteration's last collective (the loss and
+    norm sum over all workers) until the optimizer step is applied.
 
-    Once an iteration's last collective is through, every worker applies the same step with no
-    peer involved: a drain that arrives then (a planned join, or a failure noticed late) waits
-    until the step is applied, so the worker hands over the step all its peers reach too."""
+    Once that collective is through, every worker applies the same step with no peer involved: a
+    drain that arrives then (a planned join, or a failure noticed late) waits until the step is
+    applied, so the worker hands over the step all its peers reach too. A signal cannot cut a
+    collective short anyway (it is handled when the call returns); if the collective fails, its
+    error goes on and the held signal is dropped: every survivor then hands over the step before."""
 
     holding: bool = False
     pending: BaseException | None = None

@@ -319,10 +319,11 @@ class Worker:
             vec[M + self.stage_index] = G.stage_sq_norm(self.stage)
         vec[M + S] = 1.0 if self.s.stop.signum is not None else 0.0
         span = torch.tensor([state.last_backward], dtype=torch.float64)
-        with communicating(f"the loss and norm sum of iteration {it + 1}", self.s.timeout_s):
-            dist.all_reduce(vec, op=dist.ReduceOp.SUM, group=g.world)
-            dist.all_reduce(span, op=dist.ReduceOp.MAX, group=g.world)
-        with LATCH.local_step():  # no peer from here on: a drain waits until the step is applied
+        # a drain that arrives from here on waits until the step is applied (handoff.RecoveryLatch)
+        with LATCH.local_step():
+            with communicating(f"the loss and norm sum of iteration {it + 1}", self.s.timeout_s):
+                dist.all_reduce(vec, op=dist.ReduceOp.SUM, group=g.world)
+                dist.all_reduce(span, op=dist.ReduceOp.MAX, group=g.world)
             return self._apply_step(it, state, vec, span)
 
     def _apply_step(self, it: int, state: Any, vec: torch.Tensor, span: torch.Tensor) -> IterationStats:
