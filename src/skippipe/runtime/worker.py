@@ -324,28 +324,24 @@ class Worker:
             with communicating(f"the loss and norm sum of iteration {it + 1}", self.s.timeout_s):
                 dist.all_reduce(vec, op=dist.ReduceOp.SUM, group=g.world)
                 dist.all_reduce(span, op=dist.ReduceOp.MAX, group=g.world)
-            return self._apply_step(it, state, vec, span)
-
-    def _apply_step(self, it: int, state: Any, vec: torch.Tensor, span: torch.Tensor) -> IterationStats:
-        plan, M, S = self.s.plan, len(self.s.plan.microbatches), self.s.plan.num_stages
-        loss = float(np.mean(vec[:M].tolist()))  # the reference executor's mean, in id order
-        norm, factor = G.clip_coefficient(vec[M : M + S].tolist(), self.s.train_cfg.grad_clip)
-        lr = lr_at(it, self.s.train_cfg)
-        # every worker holds the same values: all stop here together, before the step
-        for what, value in (("loss", loss), ("gradient norm", norm), ("learning rate", lr)):
-            if not math.isfinite(value):
-                raise TrainingDiverged(it + 1, what, value)
-        G.scale_grads(self.stage, factor)
-        set_lr(self.optimizer, lr)
-        guarded_step(self.stage, self.optimizer, self.snapshot, it)
-        self.steps = it + 1
-        self.losses_so_far.append(loss)  # with the step: a hand-over of step it + 1 carries its loss
-        self.optimizer.zero_grad(set_to_none=True)
-        samples = len(plan.microbatches) * self.s.train_cfg.samples_per_microbatch
-        return IterationStats(
-            iteration=it + 1, loss=loss, lr=lr, grad_norm=norm, iter_s=time.monotonic() - state.t0,
-            makespan_s=float(span[0]), samples=samples, stop=float(vec[M + S]) > 0,
-        )
+            loss = float(np.mean(vec[:M].tolist()))  # the reference executor's mean, in id order
+            norm, factor = G.clip_coefficient(vec[M : M + S].tolist(), self.s.train_cfg.grad_clip)
+            lr = lr_at(it, self.s.train_cfg)
+            # every worker holds the same values: all stop here together, before the step
+            for what, value in (("loss", loss), ("gradient norm", norm), ("learning rate", lr)):
+                if not math.isfinite(value):
+                    raise TrainingDiverged(it + 1, what, value)
+            G.scale_grads(self.stage, factor)
+            set_lr(self.optimizer, lr)
+            guarded_step(self.stage, self.optimizer, self.snapshot, it)
+            self.steps = it + 1
+            self.losses_so_far.append(loss)  # with the step: a hand-over of step it + 1 carries its loss
+            self.optimizer.zero_grad(set_to_none=True)
+            samples = len(plan.microbatches) * self.s.train_cfg.samples_per_microbatch
+            return IterationStats(
+                iteration=it + 1, loss=loss, lr=lr, grad_norm=norm, iter_s=time.monotonic() - state.t0,
+                makespan_s=float(span[0]), samples=samples, stop=float(vec[M + S]) > 0,
+            )
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, step: int, keep: int) -> None:
