@@ -23,6 +23,7 @@ from skippipe.planfile import Plan, check_plan
 from skippipe.planner.allocation import allocate
 from skippipe.planner.baselines import full_plan, naive_plan, random_plan
 from skippipe.planner.problem import Problem
+from skippipe.planner.routing.decompose import plan_in_groups
 from skippipe.planner.routing.schedule import plan_no_tc2, plan_skippipe
 from skippipe.sim import SimResult, simulate
 
@@ -65,8 +66,11 @@ def _no_tc2(problem: Problem, seed: int, time_limit_s: float | None) -> Plan:
 
 
 def _skippipe(problem: Problem, seed: int, time_limit_s: float | None) -> Plan:
-    return plan_skippipe(problem, seed=seed, time_limit_s=time_limit_s,
-                         fallbacks=lambda stages: _fallbacks(problem, stages, seed))
+    def fallbacks(stages: list[list[int]]) -> list[tuple[str, Plan]]:
+        return _fallbacks(problem, stages, seed)
+
+    split = plan_in_groups(problem, seed, time_limit_s, fallbacks)  # large clusters of sites
+    return split if split is not None else plan_skippipe(problem, seed=seed, time_limit_s=time_limit_s, fallbacks=fallbacks)
 
 
 def _fallbacks(problem: Problem, stages: list[list[int]], seed: int) -> list[tuple[str, Plan]]:

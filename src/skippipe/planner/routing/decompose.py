@@ -1,0 +1,244 @@
+"""Large clusters planned in parts: nodes grouped by the network, each group planned as a
+cluster of its own, the group plans merged into one plan (candidate of ``plan_skippipe`` above
+``DECOMPOSE_NODES`` nodes).
+
+Why: on a large cluster most of the floor is reachable inside one site or a few near sites (a
+round trip that stays there pays no long hop), while one search over all nodes at once has only
+a small budget per node. Each group is small enough (``GROUP_NODES`` to about twice that) for
+the full search of ``plan_skippipe`` on it; microbatches of a group's data nodes visit only that
+group's nodes, so the groups do not meet on any node and the merged plan's makespan is the
+slowest group's.
+
+1. ``locality_groups``: start from single nodes; the smallest group joins the group it is
+   nearest to (mean hop seconds both ways) until every group holds at least ``min_size`` nodes.
+   The candidate is made only when every group is one site (``TIGHT``): groups that span
+   sites were measured to plan worse than the search over the whole cluster (global uneven,
+   1,000 nodes, 60 sites of about 17 nodes: 71.14 s against 68.55 s), at more planning time.
+2. ``apportion``: the whole cluster's stage sizes are split over the groups: data nodes in
+   proportion to the groups' compute speed (largest remainder), the other stages dealt so that
+   every group gets its size and every stage its total. The merged plan keeps the workload's
+   data-node count, so it trains on as many microbatches per iteration as any other plan.
+3. Each group is planned with ``plan_skippipe`` (its own allocation inside the group's stage
+   sizes, ``GROUP_BUDGET`` simulations); groups with the same costs are planned once.
+4. ``merge``: node ids and microbatch ids mapped back, processing orders renamed; a node's TC1
+   cap is its group's (visits in proportion to speed inside the group).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import numpy as np
+
+from skippipe.cluster import Cluster
+from skippipe.planfile import Microbatch, Plan
+from skippipe.planner.problem import Problem
+from skippipe.planner.routing.schedule import plan_no_tc2, plan_skippipe
+from skippipe.sim import simulate
+
+DECOMPOSE_NODES = 200  # clusters above this many nodes get the candidate
+GROUP_NODES = 50  # a group holds at least this many nodes (and at least 5 per stage)
+GROUP_BUDGET = 200  # simulations of the search inside each group
+TIGHT = 1.25  # a group is one site: no hop inside it dearer than this x the cluster's cheapest hop
+
+
+def min_group_size(problem: Problem) -> int:
+    return max(GROUP_NODES, 5 * problem.num_stages)
+
+
+def locality_groups(transfer_s: np.ndarray, min_size: int) -> list[list[int]]:
+    """Nodes grouped by the network (see the module text); every group has ``min_size`` nodes
+    or more (one group when the cluster is smaller). Deterministic: ties go to lower ids."""
+    n = transfer_s.shape[0]
+    if n <= min_size:
+        return [list(range(n))]
+    sym = 0.5 * (transfer_s + transfer_s.T)
+    sums = sym.astype(np.float64).copy()  # pair sums between groups (row g: group g's sums)
+    sizes = np.ones(n)
+    members: list[list[int]] = [[i] for i in range(n)]
+    alive = np.ones(n, dtype=bool)
+    while True:
+        live_sizes = np.where(alive, sizes, np.inf)
+        g = int(np.argmin(live_sizes))
+        if sizes[g] >= min_size:
+            break
+        mean = sums[g] / (sizes[g] * sizes)
+        mean[~alive] = np.inf
+        mean[g] = np.inf
+        h = int(np.argmin(mean))
+        sums[g] += sums[h]
+        sums[:, g] += sums[:, h]
+        sizes[g] += sizes[h]
+        alive[h] = False
+        members[g] = sorted(members[g] + members[h])
+    return [members[g] for g in np.flatnonzero(alive)]
+
+
+def tight(transfer_s: np.ndarray, groups: list[list[int]]) -> bool:
+    """Whether every group is one site (``TIGHT``)."""
+    off = ~np.eye(transfer_s.shape[0], dtype=bool)
+    cheapest = float(transfer_s[off].min())
+    return all(float(transfer_s[np.ix_(g, g)][off[: len(g), : len(g)]].max()) <= TIGHT * cheapest for g in groups)
+
+
+def _largest_remainder(total: int, weights: np.ndarray, least: int, most: list[int]) -> list[int] | None:
+    """``total`` split in proportion to ``weights``, part i between ``least`` and ``most[i]``
+    (a part over its most is held there and the rest shared again); None if impossible."""
+    k = len(weights)
+    if not least * k <= total <= sum(most):
+        return None
+    fixed: dict[int, int] = {}
+    while True:
+        free = [i for i in range(k) if i not in fixed]
+        spare = total - sum(fixed.values()) - least * len(free)
+        w = weights[free]
+        share = spare * w / w.sum()
+        over = [i for i, x in zip(free, share) if least + x > most[i]]
+        if not over:
+            break
+        for i in over:
+            fixed[i] = most[i]
+    parts = np.floor(share).astype(int)
+    for j in np.argsort(-(share - parts), kind="stable")[: spare - int(parts.sum())]:
+        parts[j] += 1
+    out = dict(fixed)
+    out.update({i: int(x) + least for i, x in zip(free, parts)})
+    return [out[i] for i in range(k)]
+
+
+def apportion(stage_sizes: list[int], groups: list[list[int]], speed: np.ndarray) -> list[list[int]] | None:
+    """Per group, its stage sizes (see the module text): rows add up to the group sizes,
+    columns to ``stage_sizes``; None when some group cannot hold one node of every stage."""
+    sizes = [len(g) for g in groups]
+    S = len(stage_sizes)
+    if any(n < S for n in sizes):
+        return None
+    data = _largest_remainder(stage_sizes[0], np.array([speed[g].sum() for g in groups]), 1, [n - (S - 1) for n in sizes])
+    if data is None:
+        return None
+    rest = [n - d for n, d in zip(sizes, data)]
+    # stages 1..S-1 dealt evenly: label k of stage s sits at (k + 0.5) / size_s
+    labels = sorted(((k + 0.5) / stage_sizes[s], s) for s in range(1, S) for k in range(stage_sizes[s]))
+    out, start = [], 0
+    for d, r in zip(data, rest):
+        row = [d] + [0] * (S - 1)
+        for _, s in labels[start:start + r]:
+            row[s] += 1
+        start += r
+        out.append(row)
+    for row in out:  # a group the dealing left without some stage trades a node with one that has two
+        for s in range(1, S):
+            if row[s] == 0 and not _trade(out, row, s):
+                return None
+    return out
+
+
+def _trade(rows: list[list[int]], row: list[int], s: int) -> bool:
+    """One node of stage ``s`` from another group for one of a stage ``row`` has twice; sums kept."""
+    for t in range(1, len(row)):
+        if row[t] < 2:
+            continue
+        for other in rows:
+            if other[s] >= 2:
+                other[s] -= 1
+                other[t] += 1
+                row[s] += 1
+                row[t] -= 1
+                return True
+    return False
+
+
+def sub_problem(problem: Problem, nodes: list[int], sizes: list[int]) -> Problem:
+    """``problem`` restricted to ``nodes`` (ids 0..len-1 in their order) with stage sizes ``sizes``."""
+    ix = np.ix_(nodes, nodes)
+    c = problem.cluster
+    cluster = Cluster(
+        name=f"{c.name}[{len(nodes)} nodes from {nodes[0]}]", n=len(nodes),
+        locations=None if c.locations is None else [c.locations[i] for i in nodes],
+        transfer_s=problem.transfer_s[ix], compute_speed=np.asarray(c.compute_speed)[nodes],
+        memory=problem.memory[nodes], t_layer_s=c.t_layer_s,
+    )
+    workload = dataclasses.replace(problem.workload, stage_sizes=tuple(sizes))
+    return dataclasses.replace(problem, cluster=cluster, workload=workload, transfer_s=problem.transfer_s[ix],
+                               forward_s=problem.forward_s[nodes], memory=problem.memory[nodes], stage_sizes=list(sizes))
+
+
+def _rename(op: str, offset: int) -> str:
+    return f"{op[0]}{int(op[1:]) + offset}"
+
+
+def merge(problem: Problem, parts: list[tuple[list[int], Plan]], seed: int, meta: dict) -> Plan:
+    """One plan of ``problem`` from group plans (``(global ids of the group's nodes, plan)``)."""
+    stages: list[list[int]] = [[] for _ in range(problem.num_stages)]
+    mbs: list[Microbatch] = []
+    orders: dict[int, list[str]] = {}
+    caps = [0] * problem.n
+    for nodes, plan in parts:
+        offset = len(mbs)
+        for s, members in enumerate(plan.stages):
+            stages[s].extend(nodes[i] for i in members)
+        for mb in plan.microbatches:
+            mbs.append(Microbatch(id=mb.id + offset, data_node=nodes[mb.data_node], path=[nodes[i] for i in mb.path],
+                                  release_s=mb.release_s, after=None if mb.after is None else mb.after + offset))
+        for local, ops in (plan.processing_order or {}).items():
+            orders[nodes[int(local)]] = [_rename(op, offset) for op in ops]
+        for local, cap in enumerate(plan.constraints.max_load or []):
+            caps[nodes[local]] = int(cap)
+    mbs.sort(key=lambda mb: mb.id)
+    return problem.make_plan([sorted(s) for s in stages], mbs, method="skippipe", seed=seed, max_load=caps,
+                             processing_order={k: orders[k] for k in sorted(orders)} or None, meta=meta)
+
+
+def _cost_key(p: Problem) -> bytes:
+    return b"".join(np.ascontiguousarray(a).tobytes() for a in (p.transfer_s, p.forward_s, p.memory,
+                                                                 np.asarray(p.stage_sizes)))
+
+
+def decomposed_plan(problem: Problem, seed: int, plan_group: Callable[[Problem, int], Plan]) -> Plan | None:
+    """The merged plan of the groups (see the module text), or None when the cluster is not
+    split: a fixed allocation or stage sizes, groups that are not one site each, or too small
+    for the stages. ``plan_group(sub_problem, number_of_groups)`` plans one group."""
+    if problem.n <= DECOMPOSE_NODES or problem.fixed_stages is not None or problem.workload.stage_sizes is not None:
+        return None
+    groups = locality_groups(problem.transfer_s, min_group_size(problem))
+    if len(groups) < 2 or not tight(problem.transfer_s, groups):
+        return None
+    sizes = apportion(problem.stage_sizes, groups, 1.0 / problem.forward_s)
+    if sizes is None:
+        return None
+    planned: dict[bytes, Plan] = {}
+    parts = []
+    for nodes, row in zip(groups, sizes):
+        sub = sub_problem(problem, nodes, row)
+        key = _cost_key(sub)
+        if key not in planned:
+            planned[key] = plan_group(sub, len(groups))
+        parts.append((nodes, planned[key]))
+    meta = {"candidate": "groups of sites", "groups": [len(g) for g in groups], "group_plans": len(planned)}
+    return merge(problem, parts, seed, meta)
+
+
+def plan_in_groups(
+    problem: Problem, seed: int, time_limit_s: float | None,
+    fallbacks: Callable[[list[list[int]]], list[tuple[str, Plan]]],
+) -> Plan | None:
+    """Method ``skippipe`` on a cluster that splits into sites (``decomposed_plan``): the merged
+    plan, unless the ``skippipe-no-tc2`` plan or a fallback on its allocation is quicker (the
+    same safety net as ``plan_skippipe``); None when the cluster does not split."""
+    def plan_group(sub: Problem, groups: int) -> Plan:
+        share = None if time_limit_s is None else 0.8 * time_limit_s / groups
+        return plan_skippipe(sub, seed=seed, time_limit_s=share, budget=GROUP_BUDGET)
+
+    split = decomposed_plan(problem, seed, plan_group)
+    if split is None:
+        return None
+    split.predicted_makespan_s = float(simulate(split, record=False).makespan_s)
+    base = plan_no_tc2(problem, seed=seed)
+    best = split
+    for name, alt in [("no-tc2", base), *fallbacks(base.stages)]:
+        if alt.predicted_makespan_s is not None and alt.predicted_makespan_s < best.predicted_makespan_s:
+            best = alt
+            best.meta = {**alt.meta, "candidate": name}
+    best.method = "skippipe"
+    return best

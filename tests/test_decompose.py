@@ -1,0 +1,118 @@
+"""Large clusters planned in parts (``planner.routing.decompose``): groups by the network, stage
+sizes split over them, group plans merged into one valid plan."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from skippipe.cluster import Cluster
+from skippipe.cluster_gen import SAME_SITE_BANDWIDTH_GBPS, SAME_SITE_LATENCY_MS
+from skippipe.planfile import check_plan
+from skippipe.planner import methods
+from skippipe.planner.problem import build_problem
+from skippipe.planner.routing import decompose as D
+from skippipe.sim import simulate
+from skippipe.workload import Workload
+
+
+def _sites_cluster(sizes: list[int], speed: np.ndarray | None = None) -> tuple[Cluster, np.ndarray]:
+    """Nodes in sites of ``sizes`` (node ids site by site, then shuffled): 1 ms / 2 GB/s inside
+    a site, 40-120 ms / 0.1 GB/s between sites."""
+    site_of = np.concatenate([np.full(k, i) for i, k in enumerate(sizes)])
+    site_of = np.random.default_rng(0).permutation(site_of)
+    k = len(sizes)
+    between = 40.0 + 80.0 * np.abs(np.subtract.outer(np.arange(k), np.arange(k))) / max(1, k - 1)
+    lat = np.where(np.equal.outer(site_of, site_of), SAME_SITE_LATENCY_MS, between[np.ix_(site_of, site_of)])
+    bw = np.where(np.equal.outer(site_of, site_of), SAME_SITE_BANDWIDTH_GBPS, 0.1)
+    n = len(site_of)
+    return Cluster(name=f"sites-{sizes}", n=n, latency_ms=lat, bandwidth_GBps=bw,
+                   compute_speed=np.ones(n) if speed is None else speed), site_of
+
+
+def test_locality_groups_are_the_sites_and_tight():
+    cluster, site_of = _sites_cluster([60, 70, 80])
+    p = build_problem(cluster, Workload(num_stages=6, path_length=4))
+    groups = D.locality_groups(p.transfer_s, 50)
+    assert sorted(sorted(g) for g in groups) == sorted(sorted(np.flatnonzero(site_of == s).tolist()) for s in range(3))
+    assert D.tight(p.transfer_s, groups)
+    # with groups bigger than a site, two sites meet in one group: not one site any more
+    merged = D.locality_groups(p.transfer_s, 100)
+    assert len(merged) < 3 and sum(len(g) for g in merged) == 210
+    assert not D.tight(p.transfer_s, merged)
+
+
+@settings(max_examples=60, deadline=None)
+@given(sizes=st.lists(st.integers(10, 40), min_size=2, max_size=6), num_stages=st.integers(3, 8),
+       path_length=st.integers(2, 5), data=st.data())
+def test_apportioned_sizes_add_up_both_ways(sizes, num_stages, path_length, data):
+    path_length = min(path_length, num_stages)
+    n = sum(sizes)
+    total = Workload(num_stages=num_stages, path_length=path_length).sizes_for(n)
+    speed = np.array(data.draw(st.lists(st.floats(0.5, 2.0), min_size=n, max_size=n)))
+    ids = np.arange(n)
+    groups = [ids[sum(sizes[:i]):sum(sizes[:i + 1])].tolist() for i in range(len(sizes))]
+    rows = D.apportion(total, groups, speed)
+    if rows is None:  # only when some group cannot hold a node of every stage
+        assert total[0] < len(groups) or min(sizes) < num_stages or total[0] > sum(k - (num_stages - 1) for k in sizes) \
+            or any(total[s] < len(groups) for s in range(1, num_stages))
+        return
+    assert [sum(r) for r in rows] == sizes
+    assert [sum(col) for col in zip(*rows)] == total
+    assert all(min(r) >= 1 for r in rows)
+    # data nodes follow the groups' compute speed (largest remainder, one each at least), unless
+    # a group needs the rest of its nodes for the other stages
+    share = np.array([speed[g].sum() for g in groups])
+    ideal = 1 + (total[0] - len(groups)) * share / share.sum()
+    room = [k - (num_stages - 1) for k in sizes]
+    if all(x < r for x, r in zip(ideal, room)):
+        assert all(abs(r[0] - x) < 1.0 for r, x in zip(rows, ideal))
+    assert all(r[0] <= k for r, k in zip(rows, room))
+
+
+@pytest.fixture
+def small_thresholds(monkeypatch):
+    monkeypatch.setattr(D, "DECOMPOSE_NODES", 40)
+    monkeypatch.setattr(D, "GROUP_NODES", 16)
+    monkeypatch.setattr(D, "GROUP_BUDGET", 60)
+
+
+def test_a_cluster_of_sites_is_planned_site_by_site_into_one_valid_plan(small_thresholds):
+    cluster, site_of = _sites_cluster([20, 24, 22])
+    p = build_problem(cluster, Workload(num_stages=4, path_length=3))
+    plan = D.decomposed_plan(p, 0, lambda sub, k: methods.make_plan("skippipe", sub, seed=0))
+    check_plan(plan)
+    assert plan.meta["candidate"] == "groups of sites" and sorted(plan.meta["groups"]) == [20, 22, 24]
+    assert [len(s) for s in plan.stages] == p.stage_sizes  # as many data nodes as the workload says
+    assert len(plan.microbatches) == p.stage_sizes[0] * p.workload.microbatches_per_data_node
+    assert sorted(mb.id for mb in plan.microbatches) == list(range(len(plan.microbatches)))
+    for mb in plan.microbatches:  # every round trip stays in its data node's site
+        assert {int(site_of[x]) for x in mb.path} == {int(site_of[mb.data_node])}
+    # method skippipe takes it unless the no-tc2 plan or a fallback (naive, random) is quicker
+    chosen = methods.make_plan("skippipe", p, seed=0)
+    split = simulate(plan, record=False).makespan_s
+    others = [methods.make_plan(m, p, seed=0).predicted_makespan_s for m in ("skippipe-no-tc2", "naive")]
+    assert chosen.predicted_makespan_s <= min(split, *others) + 1e-9
+
+
+def test_the_merged_plan_is_as_slow_as_its_slowest_group(small_thresholds):
+    cluster, _ = _sites_cluster([20, 24])
+    p = build_problem(cluster, Workload(num_stages=4, path_length=3))
+    got = []
+    plan = D.decomposed_plan(p, 0, lambda sub, k: got.append(methods.make_plan("skippipe", sub, seed=0)) or got[-1])
+    assert plan is not None and len(got) == 2
+    check_plan(plan)
+    assert simulate(plan, record=False).makespan_s == pytest.approx(max(g.predicted_makespan_s for g in got))
+
+
+def test_no_split_below_the_size_or_with_fixed_stage_sizes_or_across_sites(small_thresholds):
+    plan_group = lambda sub, k: pytest.fail("planned a group")  # noqa: E731
+    cluster, _ = _sites_cluster([18, 18])  # 36 nodes: not above DECOMPOSE_NODES
+    assert D.decomposed_plan(build_problem(cluster, Workload(num_stages=4, path_length=3)), 0, plan_group) is None
+    cluster, _ = _sites_cluster([30, 20])
+    fixed = Workload(num_stages=4, path_length=3, stage_sizes=(20, 10, 10, 10))
+    assert D.decomposed_plan(build_problem(cluster, fixed), 0, plan_group) is None
+    cluster, _ = _sites_cluster([30, 8, 8])  # the small sites must join a big one: groups span sites
+    assert D.decomposed_plan(build_problem(cluster, Workload(num_stages=4, path_length=3)), 0, plan_group) is None
