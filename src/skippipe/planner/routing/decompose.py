@@ -39,7 +39,7 @@ from skippipe.sim import simulate
 
 DECOMPOSE_NODES = 200  # clusters above this many nodes get the candidate
 GROUP_NODES = 50  # a group holds at least this many nodes (and at least 5 per stage)
-GROUP_BUDGET = 200  # simulations of the search inside each group
+GROUP_BUDGET = 600  # simulations of the search inside each group
 TIGHT = 1.25  # a group is one site: no hop inside it dearer than this x the cluster's cheapest hop
 
 
