@@ -1,6 +1,7 @@
 """Large clusters planned in parts: nodes grouped by the network, each group planned as a
-cluster of its own, the group plans merged into one plan (candidate of ``plan_skippipe`` above
-``DECOMPOSE_NODES`` nodes).
+cluster of its own, the group plans merged into one plan (method ``skippipe`` above
+``DECOMPOSE_NODES`` nodes, in place of the search over the whole cluster, when the cluster
+splits into sites).
 
 Why: on a large cluster most of the floor is reachable inside one site or a few near sites (a
 round trip that stays there pays no long hop), while one search over all nodes at once has only
