@@ -134,8 +134,8 @@ def _install_stop_handlers(stop: StopRequest) -> None:
 
 def _install_recovery_handler() -> None:
     """Elastic recovery: the launcher's ``RECOVERY_SIGNAL`` (another node failed) raises
-    ``PeerLost`` once, wherever the worker waits, except inside its local optimizer step
-    (``handoff.LATCH``: raised as the step ends); the worker then hands its state over
+    ``PeerLost`` once, wherever the worker waits, except from its iteration's last collective
+    until its optimizer step is applied (``handoff.LATCH``: raised then); the worker then hands its state over
     (``handoff.py``: a step it cuts short is never handed over)."""
     from skippipe.runtime.handoff import LATCH
 

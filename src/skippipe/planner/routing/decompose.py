@@ -35,7 +35,7 @@ import numpy as np
 from skippipe.cluster import Cluster
 from skippipe.planfile import Microbatch, Plan
 from skippipe.planner.problem import Problem
-from skippipe.planner.routing.schedule import plan_no_tc2, plan_skippipe
+from skippipe.planner.routing.schedule import plan_no_tc2, plan_skippipe, quickest
 from skippipe.sim import simulate
 
 DECOMPOSE_NODES = 200  # clusters above this many nodes get the candidate
@@ -152,17 +152,16 @@ def _trade(rows: list[list[int]], row: list[int], s: int) -> bool:
 
 def sub_problem(problem: Problem, nodes: list[int], sizes: list[int]) -> Problem:
     """``problem`` restricted to ``nodes`` (ids 0..len-1 in their order) with stage sizes ``sizes``."""
-    ix = np.ix_(nodes, nodes)
+    transfer, memory = problem.transfer_s[np.ix_(nodes, nodes)], problem.memory[nodes]
     c = problem.cluster
     cluster = Cluster(
         name=f"{c.name}[{len(nodes)} nodes from {nodes[0]}]", n=len(nodes),
         locations=None if c.locations is None else [c.locations[i] for i in nodes],
-        transfer_s=problem.transfer_s[ix], compute_speed=np.asarray(c.compute_speed)[nodes],
-        memory=problem.memory[nodes], t_layer_s=c.t_layer_s,
+        transfer_s=transfer, compute_speed=np.asarray(c.compute_speed)[nodes], memory=memory, t_layer_s=c.t_layer_s,
     )
     workload = dataclasses.replace(problem.workload, stage_sizes=tuple(sizes))
-    return dataclasses.replace(problem, cluster=cluster, workload=workload, transfer_s=problem.transfer_s[ix],
-                               forward_s=problem.forward_s[nodes], memory=problem.memory[nodes], stage_sizes=list(sizes))
+    return dataclasses.replace(problem, cluster=cluster, workload=workload, transfer_s=transfer,
+                               forward_s=problem.forward_s[nodes], memory=memory, stage_sizes=list(sizes))
 
 
 def _rename(op: str, offset: int) -> str:
@@ -236,10 +235,4 @@ def plan_in_groups(
         return None
     split.predicted_makespan_s = float(simulate(split, record=False).makespan_s)
     base = plan_no_tc2(problem, seed=seed)
-    best = split
-    for name, alt in [("no-tc2", base), *fallbacks(base.stages)]:
-        if alt.predicted_makespan_s is not None and alt.predicted_makespan_s < best.predicted_makespan_s:
-            best = alt
-            best.meta = {**alt.meta, "candidate": name}
-    best.method = "skippipe"
-    return best
+    return quickest(split, [("no-tc2", base), *fallbacks(base.stages)])

@@ -307,7 +307,13 @@ def plan_skippipe(
         ref = build_plan(problem, base.stages, base.routes, "skippipe", seed, base.orders, meta)
         if ref.predicted_makespan_s < plan.predicted_makespan_s:
             plan = ref
-    for name, alt in fallbacks(stages) if fallbacks is not None else []:
+    return quickest(plan, fallbacks(stages) if fallbacks is not None else [])
+
+
+def quickest(plan: Plan, others: list[tuple[str, Plan]]) -> Plan:
+    """``plan``, or the quickest of the simulated ``others`` that beats it, relabelled
+    ``skippipe`` with its origin in ``meta.candidate`` (the safety net of method ``skippipe``)."""
+    for name, alt in others:
         if alt.predicted_makespan_s is not None and alt.predicted_makespan_s < plan.predicted_makespan_s:
             alt.method = "skippipe"
             alt.meta = {**alt.meta, "candidate": name}

@@ -157,6 +157,7 @@ def search_width(n: int) -> int | None:
     up to ``LARGE_NODES`` (None), else ``LARGE_WIDTH``."""
     return LARGE_WIDTH if n > LARGE_NODES else None
 
+
 # above this many (sequence x node x node) entries per layer the sequences are searched one by one
 BATCH_LIMIT = 2_000_000
 
