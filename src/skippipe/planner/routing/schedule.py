@@ -25,7 +25,13 @@ adds candidates built for the timeline:
 5. data-node exchanges (only when the cluster fixes no allocation, compute is uneven and N <= 100):
    the best balanced-routed allocation with its latest data nodes exchanged for other nodes
    while the simulated balanced routing improves (``routing.data_nodes``; above 32 nodes a
-   shortlist of partners, its routings charged to the search budget).
+   shortlist of partners, its routings charged to the search budget);
+6. timetable (up to 32 nodes, ``routing.timetable``): on the allocations of the three best
+   candidates, every operation reserved on its node's timeline as the paths are chosen, so the
+   paths come with processing orders that the simulator follows (three more with a perturbed
+   path choice on the best allocation). Its paths are not searched apart from its orders; when
+   it leads after the first search phase its orders get a search of their own
+   (``TIMED_ORDERS`` of the budget, on top of the others').
 
 Every candidate is scored by the simulator (``route_eval``, component by component) and
 improved by local search on the critical data node (``route_search``: exchanges of nodes
@@ -44,34 +50,26 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from skippipe.errors import UserError
 from skippipe.planfile import Microbatch, Plan
 from skippipe.planner.problem import Problem
 from skippipe.planner.routing.assign import assign_static, round_of
 from skippipe.planner.routing.balanced import balanced_candidate
-from skippipe.planner.routing.data_nodes import LARGEST as DATA_NODES_LARGEST
-from skippipe.planner.routing.data_nodes import MAX_NODES as DATA_NODES_MAX_NODES
-from skippipe.planner.routing.data_nodes import ROUTING_CHARGE, data_node_search
+from skippipe.planner.routing.candidates import (
+    Candidate,
+    by_name,
+    data_node_candidate,
+    memory_candidates,
+    stage_orders,
+    timetable_candidates,
+)
 from skippipe.planner.routing.evaluate import Evaluator, Incremental, Route, Score
 from skippipe.planner.routing.exchange import Paths
 from skippipe.planner.routing.groups import group_allocation, private_chains
 from skippipe.planner.routing.search import RouteSearch, SearchLimits
-from skippipe.planner.routing.sequences import RouteCosts, search_width, stage_sequences
+from skippipe.planner.routing.sequences import RouteCosts, search_width
 from skippipe.sim import simulate
-
-
-@dataclass
-class Candidate:
-    name: str
-    stages: list[list[int]]
-    routes: list[Route]
-    score: Score
-    orders: dict[int, list[str]] | None = None
-    balanced: bool = False  # routed by ``routing.balanced`` (a start for the data-node exchanges)
-    searched_only_if_best: bool = False  # takes a share of the search only as the best start
-
 
 # ----------------------------------------------------------------------------- helpers
 
@@ -90,14 +88,6 @@ def _allocation(problem: Problem, seed: int, time_limit_s: float | None) -> list
     from skippipe.planner.allocation import allocate
 
     return allocate(problem, seed=seed, time_limit_s=time_limit_s)
-
-
-def _sequences(problem: Problem, stages: list[list[int]]) -> tuple[tuple[int, ...], ...]:
-    w = problem.workload
-    seqs = stage_sequences(len(stages), w.path_length, w.max_swaps, w.max_jump)
-    if not seqs:
-        raise UserError(f"no stage order of length L={w.path_length} satisfies the path rules (CC2/CC3)")
-    return seqs
 
 
 def static_routes(problem: Problem, stages: list[list[int]], caps: list[int] | None = None) -> list[Route]:
@@ -203,6 +193,9 @@ def build_plan(
     return plan
 
 
+# the order search of a timetable routing that leads after phase 1, as a share of the budget
+# (on top of it: the other candidates keep their whole search)
+TIMED_ORDERS = 0.25
 # above this many nodes the default budget shrinks with the square of the size
 BUDGET_FULL_NODES = 200
 
@@ -224,7 +217,7 @@ def default_budget(problem: Problem) -> int:
 def plan_no_tc2(problem: Problem, seed: int = 0, time_limit_s: float | None = None) -> Plan:
     """Paths for the network and the load, ignoring time collisions (method ``skippipe-no-tc2``)."""
     stages = _allocation(problem, seed, time_limit_s)
-    _sequences(problem, stages)
+    stage_orders(problem, stages)
     routes = static_routes(problem, stages)
     return build_plan(problem, stages, routes, "skippipe-no-tc2", seed)
 
@@ -244,7 +237,7 @@ def plan_skippipe(
     m = problem.workload.microbatches_per_data_node
 
     stages = _allocation(problem, seed, None if deadline is None else 0.25 * float(time_limit_s))
-    seqs = _sequences(problem, stages)
+    seqs = stage_orders(problem, stages)
     caps = problem.load_caps(stages)
     base_routes = static_routes(problem, stages)
     ev = Evaluator(problem, stages)
@@ -256,10 +249,10 @@ def plan_skippipe(
     if balanced is not None:
         cands.append(Candidate("balanced", stages, *balanced, balanced=True, searched_only_if_best=True))
     evaluators = {id(stages): ev}
-    for mem_cand, mem_ev in _memory_candidates(problem, stages):
+    for mem_cand, mem_ev in memory_candidates(problem, stages):
         evaluators[id(mem_cand.stages)] = mem_ev
         cands.append(mem_cand)
-    dn_cand = _data_node_candidate(problem, cands, limits)
+    dn_cand = data_node_candidate(problem, cands, limits)
     if dn_cand is not None:
         evaluators[id(dn_cand.stages)] = Evaluator(problem, dn_cand.stages)
         cands.append(dn_cand)
@@ -271,25 +264,36 @@ def plan_skippipe(
             evaluators[id(g_stages)] = g_ev
             routes = chain_routes(g_stages, g_chains, m)
             cands.append(Candidate("groups", g_stages, routes, g_ev.score(routes)))
+    cands += timetable_candidates(problem, cands, seed, evaluators)
 
     # phase 1: each promising candidate (within 10 % of the best) descends on its paths with
     # an equal share of 40 % of the budget; phase 2: the best one goes on with iterated local
     # search on its paths (half of the rest) and then on its processing orders
-    cands.sort(key=lambda c: c.score.key())
-    lead = cands[0].score.makespan
-    promising = [c for c in cands if c.score.makespan <= 1.10 * lead] if math.isfinite(lead) else cands[:1]
+    # (a timetable's paths go with its orders: they are not searched, its orders are below)
+    searchable = sorted((c for c in cands if not c.timed), key=lambda c: c.score.key())
+    lead = searchable[0].score.makespan
+    promising = [c for c in searchable if c.score.makespan <= 1.10 * lead] if math.isfinite(lead) else searchable[:1]
     # the balanced routing and the data-node exchanges take a share of the search only when best
-    promising = [c for c in promising if not c.searched_only_if_best or c is cands[0]]
+    promising = [c for c in promising if not c.searched_only_if_best or c is searchable[0]]
     searches = {}
     phase1 = _portion(limits, deadline, 0.4)
     for k, cand in enumerate(promising):
         share = _portion(phase1, phase1.deadline, 1.0 / (len(promising) - k))
         search = RouteSearch(evaluators[id(cand.stages)], cand.stages, problem.load_caps(cand.stages),
-                             _sequences(problem, cand.stages), seed, share)
+                             stage_orders(problem, cand.stages), seed, share)
         searches[id(cand)] = search
         cand.routes, cand.score = search.improve_paths(cand.routes, cand.score, kicks=0)
         phase1.spent += share.spent
     limits.spent += phase1.spent
+    timed = min((c for c in cands if c.timed), key=lambda c: c.score.key(), default=None)
+    timed_spent = 0
+    if timed is not None and timed.score < min(c.score for c in promising):
+        # the timetable leads: its processing orders get a search of their own (TIMED_ORDERS)
+        search = RouteSearch(evaluators[id(timed.stages)], timed.stages, problem.load_caps(timed.stages),
+                             stage_orders(problem, timed.stages), seed,
+                             _portion(SearchLimits(budget=int(limits.budget * TIMED_ORDERS)), deadline, 1.0))
+        timed.orders, timed.score = _improve_orders(search, timed.routes, timed.score, timed.orders)
+        timed_spent = search.limits.spent
     lead_cand = min(promising, key=lambda c: c.score.key())
     search = searches[id(lead_cand)]
     search.limits = _portion(limits, deadline, 0.5)
@@ -299,8 +303,8 @@ def plan_skippipe(
     lead_cand.orders, lead_cand.score = _improve_orders(search, lead_cand.routes, lead_cand.score)
     limits.spent += search.limits.spent
     best = min(cands, key=lambda c: c.score.key())
-    base = cands_by_name(cands, "no-tc2")
-    meta = {"candidate": best.name, "simulations": limits.spent}
+    base = by_name(cands, "no-tc2")
+    meta = {"candidate": best.name, "simulations": limits.spent + timed_spent}
     plan = build_plan(problem, best.stages, best.routes, "skippipe", seed, best.orders, meta)
     if base is not None and base is not best:
         # safety net: the plan file must not be worse than the no-tc2 routing it started from
@@ -321,49 +325,6 @@ def quickest(plan: Plan, others: list[tuple[str, Plan]]) -> Plan:
     return plan
 
 
-def _memory_candidates(problem: Problem, stages: list[list[int]]) -> list[tuple[Candidate, Evaluator]]:
-    """Balanced routings on the memory-ordered variants of the allocation
-    (``allocation.memory_order``), when the cluster fixes no allocation and memory is uneven."""
-    if problem.fixed_stages is not None:
-        return []
-    from skippipe.planner.allocation.memory_order import KEYS, memory_ordered
-
-    out: list[tuple[Candidate, Evaluator]] = []
-    for key in KEYS:
-        mem_stages = memory_ordered(problem, stages, key)
-        if mem_stages is None or any(mem_stages == c.stages for c, _ in out):
-            continue
-        ev = Evaluator(problem, mem_stages)
-        found = balanced_candidate(problem, mem_stages, problem.load_caps(mem_stages), _sequences(problem, mem_stages), ev)
-        if found is not None:
-            out.append((Candidate(f"memory-order ({key})", mem_stages, *found, balanced=True), ev))
-    return out
-
-
-def _data_node_candidate(problem: Problem, cands: list[Candidate], limits: SearchLimits) -> Candidate | None:
-    """The balanced routing on the best balanced-routed allocation so far with its data nodes
-    exchanged for other nodes while the simulator says it helps (``routing.data_nodes``), when
-    the cluster fixes no allocation and compute is uneven; above ``DATA_NODES_MAX_NODES`` nodes
-    its routings are charged to ``limits``."""
-    if problem.fixed_stages is not None or problem.n > DATA_NODES_LARGEST or len(set(problem.forward_s.tolist())) <= 1:
-        return None
-    starts = [c for c in cands if c.balanced]
-    if not starts:
-        return None
-    start = min(starts, key=lambda c: c.score.key())
-    tally = [0]
-    found = data_node_search(problem, start.stages, _sequences(problem, start.stages), start.score, tally)
-    if problem.n > DATA_NODES_MAX_NODES:
-        limits.spent += tally[0] * ROUTING_CHARGE
-    if found is None:
-        return None
-    return Candidate(f"data nodes ({start.name})", *found, balanced=True, searched_only_if_best=True)
-
-
-def cands_by_name(cands: list[Candidate], name: str) -> Candidate | None:
-    return next((c for c in cands if c.name == name), None)
-
-
 def _portion(limits: SearchLimits, deadline: float | None, fraction: float) -> SearchLimits:
     """A fraction of what is left of a budget and of the time to a deadline."""
     left = max(0, limits.budget - limits.spent)
@@ -373,14 +334,17 @@ def _portion(limits: SearchLimits, deadline: float | None, fraction: float) -> S
     return SearchLimits(budget=max(1, int(left * fraction)), deadline=dl)
 
 
-def _improve_orders(search: RouteSearch, routes: list[Route], score: Score) -> tuple[dict[int, list[str]] | None, Score]:
+def _improve_orders(
+    search: RouteSearch, routes: list[Route], score: Score, start: dict[int, list[str]] | None = None
+) -> tuple[dict[int, list[str]] | None, Score]:
     """Processing orders for the critical component, then for the next critical one, until
-    the critical one cannot be improved (its finish is then the makespan)."""
+    the critical one cannot be improved (its finish is then the makespan); from the orders
+    ``start`` (scored ``score``), which are returned when nothing better is found."""
     ev = search.ev
-    orders: dict[int, list[str]] = {}
+    orders: dict[int, list[str]] = dict(start or {})
     comps = ev.components(routes)
     comp_of = {routes[i][0]: k for k, ids in enumerate(comps) for i in ids}
-    finish = {k: ev.component_finish(routes, ids) for k, ids in enumerate(comps)}
+    finish = {k: ev.component_finish(routes, ids, orders) for k, ids in enumerate(comps)}
     best = Incremental._combine(finish)
     while best.latest:
         k = comp_of[best.latest[0]]
@@ -394,5 +358,5 @@ def _improve_orders(search: RouteSearch, routes: list[Route], score: Score) -> t
         finish[k] = ev.component_finish(routes, comps[k], orders)
         best = Incremental._combine(finish)
     if not best < score:
-        return None, score
+        return start, score
     return (orders or None), best

@@ -1,0 +1,132 @@
+"""The starting routings of ``plan_skippipe`` beyond the no-tc2, private-chain, balanced and
+joint-allocation ones: memory order, data-node exchanges and timetables (see ``routing.schedule``)."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from skippipe.errors import UserError
+from skippipe.planner.problem import Problem
+from skippipe.planner.routing.balanced import balanced_candidate
+from skippipe.planner.routing.data_nodes import LARGEST as DATA_NODES_LARGEST
+from skippipe.planner.routing.data_nodes import MAX_NODES as DATA_NODES_MAX_NODES
+from skippipe.planner.routing.data_nodes import ROUTING_CHARGE, data_node_search
+from skippipe.planner.routing.evaluate import Evaluator, Route, Score
+from skippipe.planner.routing.search import SearchLimits
+from skippipe.planner.routing.sequences import stage_sequences
+from skippipe.planner.routing.timetable import LARGEST as TIMETABLE_LARGEST
+from skippipe.planner.routing.timetable import timetable_routes
+
+# allocations a timetable routing is tried on (those of the best candidates)
+TIMETABLE_ALLOCATIONS = 3
+# timetable routings with a perturbed path choice, on the allocation of the best timetable
+TIMETABLE_RESTARTS = 3
+# how much a restart may perturb a path's end time when choosing (a factor up to 1 + this)
+TIMETABLE_NOISE = 0.1
+
+
+@dataclass
+class Candidate:
+    name: str
+    stages: list[list[int]]
+    routes: list[Route]
+    score: Score
+    orders: dict[int, list[str]] | None = None
+    balanced: bool = False  # routed by ``routing.balanced`` (a start for the data-node exchanges)
+    searched_only_if_best: bool = False  # takes a share of the search only as the best start
+    timed: bool = False  # its processing orders come with its paths (``routing.timetable``)
+
+
+def stage_orders(problem: Problem, stages: list[list[int]]) -> tuple[tuple[int, ...], ...]:
+    """The valid stage orders of the workload (CC2/CC3) for an allocation with these stages."""
+    w = problem.workload
+    seqs = stage_sequences(len(stages), w.path_length, w.max_swaps, w.max_jump)
+    if not seqs:
+        raise UserError(f"no stage order of length L={w.path_length} satisfies the path rules (CC2/CC3)")
+    return seqs
+
+
+
+def memory_candidates(problem: Problem, stages: list[list[int]]) -> list[tuple[Candidate, Evaluator]]:
+    """Balanced routings on the memory-ordered variants of the allocation
+    (``allocation.memory_order``), when the cluster fixes no allocation and memory is uneven."""
+    if problem.fixed_stages is not None:
+        return []
+    from skippipe.planner.allocation.memory_order import KEYS, memory_ordered
+
+    out: list[tuple[Candidate, Evaluator]] = []
+    for key in KEYS:
+        mem_stages = memory_ordered(problem, stages, key)
+        if mem_stages is None or any(mem_stages == c.stages for c, _ in out):
+            continue
+        ev = Evaluator(problem, mem_stages)
+        found = balanced_candidate(problem, mem_stages, problem.load_caps(mem_stages), stage_orders(problem, mem_stages), ev)
+        if found is not None:
+            out.append((Candidate(f"memory-order ({key})", mem_stages, *found, balanced=True), ev))
+    return out
+
+
+def data_node_candidate(problem: Problem, cands: list[Candidate], limits: SearchLimits) -> Candidate | None:
+    """The balanced routing on the best balanced-routed allocation so far with its data nodes
+    exchanged for other nodes while the simulator says it helps (``routing.data_nodes``), when
+    the cluster fixes no allocation and compute is uneven; above ``DATA_NODES_MAX_NODES`` nodes
+    its routings are charged to ``limits``."""
+    if problem.fixed_stages is not None or problem.n > DATA_NODES_LARGEST or len(set(problem.forward_s.tolist())) <= 1:
+        return None
+    starts = [c for c in cands if c.balanced]
+    if not starts:
+        return None
+    start = min(starts, key=lambda c: c.score.key())
+    tally = [0]
+    found = data_node_search(problem, start.stages, stage_orders(problem, start.stages), start.score, tally)
+    if problem.n > DATA_NODES_MAX_NODES:
+        limits.spent += tally[0] * ROUTING_CHARGE
+    if found is None:
+        return None
+    return Candidate(f"data nodes ({start.name})", *found, balanced=True, searched_only_if_best=True)
+
+
+def by_name(cands: list[Candidate], name: str) -> Candidate | None:
+    return next((c for c in cands if c.name == name), None)
+
+
+
+
+def timetable_candidates(
+    problem: Problem, cands: list[Candidate], seed: int, evaluators: dict[int, Evaluator]
+) -> list[Candidate]:
+    """The best timetable routing (``routing.timetable``, up to its ``LARGEST`` nodes): one on
+    each of the ``TIMETABLE_ALLOCATIONS`` allocations of the best candidates in ``cands``
+    (``evaluators``: by ``id`` of the stages), then ``TIMETABLE_RESTARTS`` with a perturbed path
+    choice on the allocation where it did best; with its processing orders."""
+    if problem.n > TIMETABLE_LARGEST:
+        return []
+    best: Candidate | None = None
+    seen: list[list[list[int]]] = []
+    work = [0]
+    for cand in sorted(cands, key=lambda c: c.score.key()):
+        if cand.stages in seen or len(seen) >= TIMETABLE_ALLOCATIONS:
+            continue
+        seen.append(cand.stages)
+        got = _timetable(problem, cand, evaluators, None, work)
+        if got is not None and (best is None or got.score < best.score):
+            best = got
+    rng = random.Random(seed)
+    for _ in range(TIMETABLE_RESTARTS if best is not None else 0):
+        got = _timetable(problem, best, evaluators, rng, work)
+        if got is not None and got.score < best.score:
+            best = got
+    return [best] if best is not None else []
+
+
+def _timetable(
+    problem: Problem, start: Candidate, evaluators: dict[int, Evaluator], rng: random.Random | None, work: list[int]
+) -> Candidate | None:
+    stages = start.stages
+    out = timetable_routes(problem, stages, problem.load_caps(stages), stage_orders(problem, stages), rng,
+                           TIMETABLE_NOISE if rng is not None else 0.0, work)
+    if out is None:
+        return None
+    name = start.name if start.timed else f"timetable ({start.name})"
+    return Candidate(name, stages, out.routes, evaluators[id(stages)].score(out.routes, out.orders), out.orders, timed=True)

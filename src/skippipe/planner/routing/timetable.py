@@ -1,0 +1,280 @@
+"""Timetable routing: paths and processing orders chosen with every node's timeline in view.
+
+The other candidates of ``plan_skippipe`` choose paths from static costs and let the simulator
+find out where microbatches wait. Here every operation is *reserved* on its node's timeline as
+the microbatch is routed, so the waiting is known when the path is chosen:
+
+- microbatches are routed in the order they can start: a data node's first ``min(M, m)`` at 0,
+  each further one when the backward that frees its slot starts;
+- for every valid stage order, a forward pass over the stage layers gives each node the earliest
+  time its forward can *finish* there (the forward takes the earliest gap on the node's timeline
+  after it arrives, with a free activation slot); the path candidates are ranked by that finish
+  plus the static loss, backwards and hops back; the best few are reserved tentatively in full
+  (forwards, loss, backwards, each in the earliest gap) and the one whose final backward ends
+  first is kept (``noise`` perturbs that choice for restarts);
+- a path is kept only if the nodes it visits keep enough TC1 room for the microbatches still to
+  route (each needs L-1 distinct stages with room), and a visit only if the node's activation
+  slots suffice from its forward to its backward (else the forward waits for a slot to free).
+
+The processing order of every node is the order of its reservations. A node following that
+order starts each operation no later than reserved (the reserved times obey every constraint
+the simulator enforces, and the order alone fixes the slots in use at each forward), so the
+simulated makespan is at most the reserved one; a test checks it.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import random
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from skippipe.planner.problem import Problem
+from skippipe.planner.routing.evaluate import Route
+
+# paths reserved in full per microbatch (ranked by their forward finish and static backward)
+TRIED = 6
+# times a forward is moved behind a freed slot before a path is given up
+SLOT_RETRIES = 12
+# largest cluster routed this way (the pass over the stage layers is per microbatch, in Python)
+LARGEST = 32
+
+Orders = dict[int, list[str]]
+
+
+@dataclass
+class Timetable:
+    routes: list[Route]  # microbatch id = index; a data node injects its lower ids first
+    orders: Orders  # every node's processing order (its reservations in time order)
+    makespan: float  # the last reserved backward's end: the simulated makespan is at most this
+
+
+@dataclass
+class Timeline:
+    """One node's reserved operations: sorted starts, busy-until (end plus the gap after), the
+    operation tokens, and the activation-slot holds ``[forward start, backward start)``."""
+
+    starts: list[float] = field(default_factory=list)
+    busy: list[float] = field(default_factory=list)
+    tokens: list[tuple[str, int]] = field(default_factory=list)
+    holds: list[tuple[float, float]] = field(default_factory=list)
+
+    def earliest(self, ready: float, dur: float, gap: float) -> float:
+        """Earliest start >= ready of an operation that fits, with its gap, between reservations."""
+        i = bisect.bisect_right(self.starts, ready)
+        t = max(ready, self.busy[i - 1]) if i else ready
+        while i < len(self.starts):
+            if t + dur + gap <= self.starts[i] + 1e-12:
+                return t
+            t = max(t, self.busy[i])
+            i += 1
+        return t
+
+    def earliest_forward(self, ready: float, dur: float, gap: float, slots: int) -> float:
+        """``earliest``, also with one of ``slots`` activation slots free at the start."""
+        t = ready
+        while True:
+            t = self.earliest(t, dur, gap)
+            covering = [b for a, b in self.holds if a <= t < b]
+            if len(covering) < slots:
+                return t
+            t = min(covering)
+
+    def hold_fits(self, start: float, end: float, slots: int) -> bool:
+        """Whether a hold ``[start, end)`` keeps every forward on the node within ``slots``."""
+        points = [start] + [a for a, _ in self.holds if start < a < end]
+        return all(1 + sum(1 for a, b in self.holds if a <= p < b) <= slots for p in points)
+
+    def reserve(self, start: float, dur: float, gap: float, token: tuple[str, int]) -> None:
+        i = bisect.bisect_right(self.starts, start)
+        self.starts.insert(i, start)
+        self.busy.insert(i, start + dur + gap)
+        self.tokens.insert(i, token)
+
+
+@dataclass
+class _Costs:
+    forward: np.ndarray
+    transfer: np.ndarray
+    memory: list[int]
+    backward_factor: float
+    loss_factor: float
+    inject_gap: float
+    op_gap: float
+
+
+Op = tuple[int, float, str, float, float]  # node, start, kind (I, F, L, B), duration, gap after
+
+
+def _reserve(
+    lines: list[Timeline], c: _Costs, d: int, path: tuple[int, ...], t0: float, tries: int, work: list[int]
+) -> tuple[float, list[Op]] | None:
+    """Every operation of a microbatch of ``d`` along ``path``, injected at ``t0``, placed in the
+    earliest gaps: (end of the final backward, operations), or None when the slots do not fit
+    within ``tries`` placements (each retry moves a forward behind the slot that frees first)."""
+    not_before: dict[int, float] = {}
+    for _ in range(tries):
+        placed = _place_all(lines, c, d, path, t0, not_before)
+        work[0] += 2 * len(path) + 3
+        if placed[0] == "ok":
+            return placed[1], placed[2]
+        not_before[placed[1]] = placed[2]
+    return None
+
+
+def _place_all(lines, c: _Costs, d: int, path: tuple[int, ...], t0: float, not_before: dict[int, float]):
+    f, T = c.forward, c.transfer
+    taken: dict[int, list[tuple[float, float]]] = {d: [(t0, t0 + f[d] + c.inject_gap)]}
+
+    def place(node: int, ready: float, dur: float, gap: float, slots: int = 0) -> float:
+        t = ready
+        while True:  # the microbatch's own earlier operations on the node are not on its timeline yet
+            t = lines[node].earliest_forward(t, dur, gap, slots) if slots else lines[node].earliest(t, dur, gap)
+            clash = next((e for s, e in taken.get(node, ()) if s < t + dur + gap and t < e), None)
+            if clash is None:
+                taken.setdefault(node, []).append((t, t + dur + gap))
+                return t
+            t = clash
+
+    ops: list[Op] = [(d, t0, "I", f[d], c.inject_gap)]
+    t, prev = t0 + f[d], d
+    first: dict[int, float] = {}
+    for x in path:
+        s = place(x, max(t + T[prev, x], not_before.get(x, 0.0)), f[x], c.op_gap, c.memory[x])
+        ops.append((x, s, "F", f[x], c.op_gap))
+        first[x], t, prev = s, s + f[x], x
+    loss = c.loss_factor * f[d]
+    s = place(d, t + T[prev, d], loss, c.op_gap)
+    ops.append((d, s, "L", loss, c.op_gap))
+    t, prev = s + loss, d
+    for x in (*reversed(path), d):
+        dur = c.backward_factor * f[x]
+        s = place(x, t + T[prev, x], dur, c.op_gap)
+        if x != d and not lines[x].hold_fits(first[x], s, c.memory[x]):
+            frees = [b for a, b in lines[x].holds if b > first[x] and a < s]
+            return ("retry", x, min(frees) if frees else s)
+        ops.append((x, s, "B", dur, c.op_gap))
+        t, prev = s + dur, x
+    return ("ok", t, ops)
+
+
+def _ranked_paths(
+    lines, c: _Costs, d: int, end0: float, seqs, stages, room: list[int], work: list[int]
+) -> list[tuple[float, tuple[int, ...]]]:
+    """Per stage order and last node: the path whose forwards finish first, with its estimate
+    (that finish, then loss, backwards and hops back without waiting). Orders sharing a prefix
+    share its layers."""
+    f, T = c.forward, c.transfer
+    layer_of: dict[tuple[int, ...], dict[int, tuple[float, int]]] = {(): {d: (end0, -1)}}
+
+    def layer(prefix: tuple[int, ...]) -> dict[int, tuple[float, int]]:
+        got = layer_of.get(prefix)
+        if got is None:
+            prev = layer(prefix[:-1])
+            got = {}
+            for x in stages[prefix[-1]] if prev else ():
+                if room[x] <= 0:
+                    continue
+                arr, par = min(((fin + T[y, x], y) for y, (fin, _) in prev.items()), key=lambda a: a[0])
+                got[x] = (lines[x].earliest_forward(arr, f[x], c.op_gap, c.memory[x]) + f[x], par)
+            work[0] += len(got) * len(prev)
+            layer_of[prefix] = got
+        return got
+
+    out = []
+    for seq in seqs:
+        for x, (fin, _) in layer(seq).items():
+            path = [x]
+            for k in range(len(seq) - 1, 0, -1):
+                path.append(layer_of[seq[:k + 1]][path[-1]][1])
+            path.reverse()
+            back = c.backward_factor * (f[path].sum() + f[d])
+            hops = T[d, path[-1]] + sum(T[b, a] for a, b in zip(path, path[1:])) + T[path[0], d]
+            out.append((fin + T[x, d] + c.loss_factor * f[d] + back + hops, tuple(path)))
+    out.sort()
+    return out
+
+
+def timetable_routes(
+    problem: Problem, stages: list[list[int]], caps: list[int], seqs: tuple[tuple[int, ...], ...],
+    rng: random.Random | None = None, noise: float = 0.0, work: list[int] | None = None,
+) -> Timetable | None:
+    """Routes and processing orders reserved on the nodes' timelines (see the module text), or
+    None when some microbatch finds no path.
+    ``work[0]`` grows by the operations placed and the path cells looked at (a measure of the
+    time taken that does not depend on the machine)."""
+    work = work if work is not None else [0]
+    cm = problem.cost_model
+    c = _Costs(np.asarray(problem.forward_s, dtype=float), np.asarray(problem.transfer_s, dtype=float),
+               [int(x) for x in problem.memory], cm.backward_factor, cm.loss_factor, cm.inject_gap_s, cm.op_gap_s)
+    m = problem.workload.microbatches_per_data_node
+    data = [int(d) for d in stages[0]]
+    lines = [Timeline() for _ in range(problem.n)]
+    room = list(caps)
+    stage_of = {x: k for k, st in enumerate(stages) for x in st}
+    left = {d: m for d in data}
+    queue: list[tuple[float, int, int]] = []  # (ready, tie, data node): round robin over the data nodes
+    for k, d in enumerate(data):
+        for j in range(max(1, min(c.memory[d], m))):
+            heapq.heappush(queue, (0.0, j * len(data) + k, d))
+    done: list[tuple[int, tuple[int, ...], float, list[Op]]] = []
+    while queue:
+        ready, _, d = heapq.heappop(queue)
+        if left[d] <= 0:
+            continue
+        left[d] -= 1
+        t0 = lines[d].earliest(ready, c.forward[d], c.inject_gap)
+        still = sum(left.values())
+        stage_room = [sum(max(0, room[x]) for x in st) for st in stages]
+        ranked = [p for _, p in _ranked_paths(lines, c, d, t0 + c.forward[d], seqs, stages, room, work)
+                  if _keeps_room(p, stage_room, stage_of, still)]
+        # the best few paths whose slots fit as reserved, else any such path, else forwards that
+        # wait for a slot
+        paths = ranked
+        best = (_choose(lines, c, d, t0, paths[:TRIED], 1, rng, noise, work)
+                or _choose(lines, c, d, t0, paths[TRIED:], 1, None, 0.0, work)
+                or _choose(lines, c, d, t0, paths, SLOT_RETRIES, None, 0.0, work))
+        if best is None:
+            return None
+        end, path, ops = best
+        mb = len(done)
+        first: dict[int, float] = {}
+        for node, start, kind, dur, gap in ops:
+            lines[node].reserve(start, dur, gap, ("F" if kind in "IF" else kind, mb))
+            if kind in "IF":
+                first[node] = start
+            elif kind == "B":
+                lines[node].holds.append((first[node], start))
+        for x in path:
+            room[x] -= 1
+        done.append((d, path, t0, ops))
+        heapq.heappush(queue, (ops[-1][1], m * len(data) + mb, d))  # the slot frees as the final backward starts
+    order = sorted(range(len(done)), key=lambda i: (data.index(done[i][0]), done[i][2]))
+    new_id = {old: k for k, old in enumerate(order)}
+    routes = [(done[i][0], tuple(int(x) for x in done[i][1])) for i in order]
+    orders = {x: [f"{kind}{new_id[mb]}" for kind, mb in line.tokens] for x, line in enumerate(lines) if line.tokens}
+    return Timetable(routes, orders, max((ops[-1][1] + ops[-1][3] for *_, ops in done), default=0.0))
+
+
+def _keeps_room(path: tuple[int, ...], stage_room: list[int], stage_of: dict[int, int], still: int) -> bool:
+    """Whether, after ``path``, the ``still`` microbatches to route can each find ``len(path)``
+    distinct stages with TC1 room (stage 0 aside)."""
+    room = list(stage_room)
+    for x in path:
+        room[stage_of[x]] -= 1
+    return sum(min(v, still) for v in room[1:]) >= still * len(path)
+
+
+def _choose(lines, c: _Costs, d: int, t0: float, paths: list[tuple[int, ...]], tries: int, rng, noise: float, work):
+    """The path whose final backward ends first (perturbed by ``noise``), reserved tentatively."""
+    best, best_key = None, float("inf")
+    for path in paths:
+        got = _reserve(lines, c, d, path, t0, tries, work)
+        if got is None:
+            continue
+        key = got[0] * (1.0 + rng.random() * noise) if rng is not None else got[0]
+        if key < best_key:
+            best, best_key = (got[0], path, got[1]), key
+    return best

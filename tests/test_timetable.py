@@ -1,0 +1,73 @@
+"""Timetable routing (``routing.timetable``): paths and processing orders reserved on the nodes'
+timelines, a candidate of ``plan_skippipe``."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from cluster_strategies import generated_problems
+from skippipe.cluster_gen import random_global_cluster
+from skippipe.planfile import plan_violations
+from skippipe.planner.allocation import allocate
+from skippipe.planner.problem import build_problem
+from skippipe.planner.routing.candidates import stage_orders
+from skippipe.planner.routing.schedule import build_plan, plan_skippipe
+from skippipe.planner.routing.timetable import Timeline, timetable_routes
+from skippipe.sim import simulate
+from skippipe.workload import Workload
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(generated_problems(), st.integers(0, 3), st.sampled_from([0.0, 0.2]))
+def test_a_timetable_is_a_valid_plan_that_finishes_no_later_than_reserved(problem, seed, noise):
+    stages = allocate(problem, seed=0)
+    caps = problem.load_caps(stages)
+    got = timetable_routes(problem, stages, caps, stage_orders(problem, stages), random.Random(seed), noise)
+    if got is None:
+        return
+    m = problem.workload.microbatches_per_data_node
+    assert Counter(d for d, _ in got.routes) == {d: m for d in stages[0]}
+    visits = Counter(x for _, path in got.routes for x in path)
+    assert all(visits[x] <= caps[x] for x in visits)  # TC1 caps kept
+    plan = build_plan(problem, stages, got.routes, "skippipe", 0, got.orders)
+    assert plan_violations(plan) == []  # path rules (CC1-CC3, the jump rule), caps, orders
+    result = simulate(plan)
+    assert result.finished
+    # a node following the reserved order starts every operation no later than reserved
+    assert result.makespan_s <= got.makespan + 1e-9
+
+
+def test_the_reserved_times_are_the_simulated_ones_on_an_uneven_cluster():
+    cluster = random_global_cluster(14, seed=5, speed=(0.5, 2.0), memory=(1, 4))
+    problem = build_problem(cluster, Workload(num_stages=5, path_length=4))
+    stages = allocate(problem, seed=0)
+    got = timetable_routes(problem, stages, problem.load_caps(stages), stage_orders(problem, stages))
+    assert got is not None
+    plan = build_plan(problem, stages, got.routes, "skippipe", 0, got.orders)
+    assert abs(plan.predicted_makespan_s - got.makespan) < 1e-6
+
+
+def test_a_timeline_places_an_operation_in_the_first_gap_that_fits_with_its_gap():
+    line = Timeline()
+    line.reserve(0.0, 1.0, 0.1, ("F", 0))  # busy until 1.1
+    line.reserve(3.0, 1.0, 0.1, ("F", 1))  # busy from 3.0
+    assert line.earliest(0.5, 1.0, 0.1) == 1.1  # fits between: 1.1 + 1.1 <= 3.0
+    assert line.earliest(0.5, 2.0, 0.1) == 4.1  # does not fit: after the second
+    line.holds.append((0.0, 2.0))
+    assert line.earliest_forward(0.5, 0.5, 0.1, slots=1) == 2.0  # waits for the held slot
+    assert line.hold_fits(2.0, 5.0, slots=1)
+    assert not line.hold_fits(1.5, 5.0, slots=1)
+
+
+def test_skippipe_keeps_a_timetable_that_leads_with_its_orders():
+    # global uneven compute and memory, 30 nodes (the suite's kind where the timetable leads)
+    cluster = random_global_cluster(30, seed=0, speed=(0.5, 2.0), memory=(1, 4), broken=0.1)
+    problem = build_problem(cluster, Workload(num_stages=8, path_length=5))
+    plan = plan_skippipe(problem, seed=0, budget=800)
+    assert plan_violations(plan) == []
+    sim = simulate(plan)
+    assert sim.finished and abs(sim.makespan_s - plan.predicted_makespan_s) < 1e-9
