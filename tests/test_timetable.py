@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cluster_strategies import generated_problems
-from skippipe.cluster_gen import random_global_cluster
+from skippipe.cluster_gen import random_global_cluster, suite
 from skippipe.planfile import plan_violations
 from skippipe.planner.allocation import allocate
 from skippipe.planner.problem import build_problem
@@ -22,11 +22,11 @@ from skippipe.workload import Workload
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(generated_problems(), st.integers(0, 3), st.sampled_from([0.0, 0.2]))
-def test_a_timetable_is_a_valid_plan_that_finishes_no_later_than_reserved(problem, seed, noise):
+@given(generated_problems(), st.integers(0, 3), st.sampled_from([0.0, 0.2]), st.booleans())
+def test_a_timetable_is_a_valid_plan_that_finishes_no_later_than_reserved(problem, seed, noise, paced):
     stages = allocate(problem, seed=0)
     caps = problem.load_caps(stages)
-    got = timetable_routes(problem, stages, caps, stage_orders(problem, stages), random.Random(seed), noise)
+    got = timetable_routes(problem, stages, caps, stage_orders(problem, stages), random.Random(seed), noise, paced=paced)
     if got is None:
         return
     m = problem.workload.microbatches_per_data_node
@@ -64,10 +64,11 @@ def test_a_timeline_places_an_operation_in_the_first_gap_that_fits_with_its_gap(
 
 
 def test_skippipe_keeps_a_timetable_that_leads_with_its_orders():
-    # global uneven compute and memory, 30 nodes (the suite's kind where the timetable leads)
-    cluster = random_global_cluster(30, seed=0, speed=(0.5, 2.0), memory=(1, 4), broken=0.1)
-    problem = build_problem(cluster, Workload(num_stages=8, path_length=5))
-    plan = plan_skippipe(problem, seed=0, budget=800)
+    # the suite's global uneven compute and memory cluster (30 nodes), where the timetable leads
+    case = next(c for c in suite(0, largest=40) if c.kind == "global uneven+mem")
+    problem = build_problem(case.cluster, Workload(num_stages=case.num_stages, path_length=case.path_length))
+    plan = plan_skippipe(problem, seed=0, budget=400)
+    assert plan.meta["candidate"].startswith("timetable")
     assert plan_violations(plan) == []
-    sim = simulate(plan)
+    sim = simulate(plan)  # the plan's processing orders are the timetable's (searched further)
     assert sim.finished and abs(sim.makespan_s - plan.predicted_makespan_s) < 1e-9

@@ -18,10 +18,17 @@ from skippipe.planner.routing.sequences import stage_sequences
 from skippipe.planner.routing.timetable import LARGEST as TIMETABLE_LARGEST
 from skippipe.planner.routing.timetable import timetable_routes
 
+# up to this many nodes timetables are cheap (under 0.2 s each at 30 nodes): three allocations,
+# restarts, nothing charged to the search budget
+TIMETABLE_SMALL = 32
 # allocations a timetable routing is tried on (those of the best candidates)
 TIMETABLE_ALLOCATIONS = 3
 # timetable routings with a perturbed path choice, on the allocation of the best timetable
 TIMETABLE_RESTARTS = 3
+# above TIMETABLE_SMALL nodes a timetable's work units are charged as simulations, one per
+# this many units per node (a unit takes about 1-2 us, a search simulation about 30 us a node:
+# 1 ms at 40 nodes, 3 ms at 100)
+TIMETABLE_WORK_PER_NODE = 30
 # how much a restart may perturb a path's end time when choosing (a factor up to 1 + this)
 TIMETABLE_NOISE = 0.1
 
@@ -94,39 +101,46 @@ def by_name(cands: list[Candidate], name: str) -> Candidate | None:
 
 
 def timetable_candidates(
-    problem: Problem, cands: list[Candidate], seed: int, evaluators: dict[int, Evaluator]
+    problem: Problem, cands: list[Candidate], seed: int, evaluators: dict[int, Evaluator], limits: SearchLimits
 ) -> list[Candidate]:
-    """The best timetable routing (``routing.timetable``, up to its ``LARGEST`` nodes): one on
-    each of the ``TIMETABLE_ALLOCATIONS`` allocations of the best candidates in ``cands``
-    (``evaluators``: by ``id`` of the stages), then ``TIMETABLE_RESTARTS`` with a perturbed path
-    choice on the allocation where it did best; with its processing orders."""
-    if problem.n > TIMETABLE_LARGEST:
+    """The best timetable routing (``routing.timetable``, up to its ``LARGEST`` nodes), with its
+    processing orders: on each of the ``TIMETABLE_ALLOCATIONS`` allocations of the best
+    candidates in ``cands`` (``evaluators``: by ``id`` of the stages), unpaced and paced; then
+    ``TIMETABLE_RESTARTS`` with a perturbed path choice on the allocation and variant that did
+    best. Above ``TIMETABLE_SMALL`` nodes: only where compute is uneven (where it was seen to
+    help), on the best allocation only, its work charged to ``limits``."""
+    small = problem.n <= TIMETABLE_SMALL
+    if problem.n > TIMETABLE_LARGEST or (not small and len(set(problem.forward_s.tolist())) <= 1):
         return []
-    best: Candidate | None = None
+    best: tuple[Candidate, bool] | None = None
     seen: list[list[list[int]]] = []
     work = [0]
     for cand in sorted(cands, key=lambda c: c.score.key()):
-        if cand.stages in seen or len(seen) >= TIMETABLE_ALLOCATIONS:
+        if cand.stages in seen or len(seen) >= (TIMETABLE_ALLOCATIONS if small else 1):
             continue
         seen.append(cand.stages)
-        got = _timetable(problem, cand, evaluators, None, work)
-        if got is not None and (best is None or got.score < best.score):
-            best = got
+        for paced in (False, True):
+            got = _timetable(problem, cand, evaluators, None, paced, work)
+            if got is not None and (best is None or got.score < best[0].score):
+                best = (got, paced)
     rng = random.Random(seed)
-    for _ in range(TIMETABLE_RESTARTS if best is not None else 0):
-        got = _timetable(problem, best, evaluators, rng, work)
-        if got is not None and got.score < best.score:
-            best = got
-    return [best] if best is not None else []
+    for _ in range(TIMETABLE_RESTARTS if small and best is not None else 0):
+        got = _timetable(problem, best[0], evaluators, rng, best[1], work)
+        if got is not None and got.score < best[0].score:
+            best = (got, best[1])
+    if not small:
+        limits.spent += work[0] // (TIMETABLE_WORK_PER_NODE * problem.n)
+    return [best[0]] if best is not None else []
 
 
 def _timetable(
-    problem: Problem, start: Candidate, evaluators: dict[int, Evaluator], rng: random.Random | None, work: list[int]
+    problem: Problem, start: Candidate, evaluators: dict[int, Evaluator], rng: random.Random | None, paced: bool,
+    work: list[int],
 ) -> Candidate | None:
     stages = start.stages
     out = timetable_routes(problem, stages, problem.load_caps(stages), stage_orders(problem, stages), rng,
-                           TIMETABLE_NOISE if rng is not None else 0.0, work)
+                           TIMETABLE_NOISE if rng is not None else 0.0, work, paced)
     if out is None:
         return None
-    name = start.name if start.timed else f"timetable ({start.name})"
+    name = start.name if start.timed else f"timetable{' (paced)' if paced else ''} ({start.name})"
     return Candidate(name, stages, out.routes, evaluators[id(stages)].score(out.routes, out.orders), out.orders, timed=True)

@@ -26,12 +26,13 @@ adds candidates built for the timeline:
    the best balanced-routed allocation with its latest data nodes exchanged for other nodes
    while the simulated balanced routing improves (``routing.data_nodes``; above 32 nodes a
    shortlist of partners, its routings charged to the search budget);
-6. timetable (up to 32 nodes, ``routing.timetable``): on the allocations of the three best
+6. timetable (up to 100 nodes, ``routing.timetable``): on the allocations of the best
    candidates, every operation reserved on its node's timeline as the paths are chosen, so the
-   paths come with processing orders that the simulator follows (three more with a perturbed
-   path choice on the best allocation). Its paths are not searched apart from its orders; when
-   it leads after the first search phase its orders get a search of their own
-   (``TIMED_ORDERS`` of the budget, on top of the others').
+   paths come with processing orders that the simulator follows (unpaced and paced; up to 32
+   nodes on three allocations and three more runs with a perturbed path choice, above that on
+   one allocation, its work charged to the budget). Its paths are not searched apart from its orders; when
+   it leads after the first search phase its orders get a share of the rest of the budget
+   (``TIMED_ORDERS``) before the second phase of the others.
 
 Every candidate is scored by the simulator (``route_eval``, component by component) and
 improved by local search on the critical data node (``route_search``: exchanges of nodes
@@ -193,9 +194,9 @@ def build_plan(
     return plan
 
 
-# the order search of a timetable routing that leads after phase 1, as a share of the budget
-# (on top of it: the other candidates keep their whole search)
-TIMED_ORDERS = 0.25
+# the order search of a timetable routing that leads after phase 1: its share of the rest of
+# the budget (phase 2 of the other candidates gets the remainder)
+TIMED_ORDERS = 0.4
 # above this many nodes the default budget shrinks with the square of the size
 BUDGET_FULL_NODES = 200
 
@@ -264,7 +265,7 @@ def plan_skippipe(
             evaluators[id(g_stages)] = g_ev
             routes = chain_routes(g_stages, g_chains, m)
             cands.append(Candidate("groups", g_stages, routes, g_ev.score(routes)))
-    cands += timetable_candidates(problem, cands, seed, evaluators)
+    cands += timetable_candidates(problem, cands, seed, evaluators, limits)
 
     # phase 1: each promising candidate (within 10 % of the best) descends on its paths with
     # an equal share of 40 % of the budget; phase 2: the best one goes on with iterated local
@@ -286,14 +287,12 @@ def plan_skippipe(
         phase1.spent += share.spent
     limits.spent += phase1.spent
     timed = min((c for c in cands if c.timed), key=lambda c: c.score.key(), default=None)
-    timed_spent = 0
     if timed is not None and timed.score < min(c.score for c in promising):
-        # the timetable leads: its processing orders get a search of their own (TIMED_ORDERS)
+        # the timetable leads: its processing orders get a share of the rest of the budget
         search = RouteSearch(evaluators[id(timed.stages)], timed.stages, problem.load_caps(timed.stages),
-                             stage_orders(problem, timed.stages), seed,
-                             _portion(SearchLimits(budget=int(limits.budget * TIMED_ORDERS)), deadline, 1.0))
+                             stage_orders(problem, timed.stages), seed, _portion(limits, deadline, TIMED_ORDERS))
         timed.orders, timed.score = _improve_orders(search, timed.routes, timed.score, timed.orders)
-        timed_spent = search.limits.spent
+        limits.spent += search.limits.spent
     lead_cand = min(promising, key=lambda c: c.score.key())
     search = searches[id(lead_cand)]
     search.limits = _portion(limits, deadline, 0.5)
@@ -304,7 +303,7 @@ def plan_skippipe(
     limits.spent += search.limits.spent
     best = min(cands, key=lambda c: c.score.key())
     base = by_name(cands, "no-tc2")
-    meta = {"candidate": best.name, "simulations": limits.spent + timed_spent}
+    meta = {"candidate": best.name, "simulations": limits.spent}
     plan = build_plan(problem, best.stages, best.routes, "skippipe", seed, best.orders, meta)
     if base is not None and base is not best:
         # safety net: the plan file must not be worse than the no-tc2 routing it started from

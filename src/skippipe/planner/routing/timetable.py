@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import math
 import random
 from dataclasses import dataclass, field
 
@@ -38,8 +39,9 @@ from skippipe.planner.routing.evaluate import Route
 TRIED = 6
 # times a forward is moved behind a freed slot before a path is given up
 SLOT_RETRIES = 12
-# largest cluster routed this way (the pass over the stage layers is per microbatch, in Python)
-LARGEST = 32
+# largest cluster routed this way (the pass over the stage layers is per microbatch, in Python:
+# about 1-2.5 s a timetable at 100 nodes)
+LARGEST = 100
 
 Orders = dict[int, list[str]]
 
@@ -200,6 +202,7 @@ def _ranked_paths(
 def timetable_routes(
     problem: Problem, stages: list[list[int]], caps: list[int], seqs: tuple[tuple[int, ...], ...],
     rng: random.Random | None = None, noise: float = 0.0, work: list[int] | None = None,
+    paced: bool = False,
 ) -> Timetable | None:
     """Routes and processing orders reserved on the nodes' timelines (see the module text), or
     None when some microbatch finds no path.
@@ -226,16 +229,7 @@ def timetable_routes(
             continue
         left[d] -= 1
         t0 = lines[d].earliest(ready, c.forward[d], c.inject_gap)
-        still = sum(left.values())
-        stage_room = [sum(max(0, room[x]) for x in st) for st in stages]
-        ranked = [p for _, p in _ranked_paths(lines, c, d, t0 + c.forward[d], seqs, stages, room, work)
-                  if _keeps_room(p, stage_room, stage_of, still)]
-        # the best few paths whose slots fit as reserved, else any such path, else forwards that
-        # wait for a slot
-        paths = ranked
-        best = (_choose(lines, c, d, t0, paths[:TRIED], 1, rng, noise, work)
-                or _choose(lines, c, d, t0, paths[TRIED:], 1, None, 0.0, work)
-                or _choose(lines, c, d, t0, paths, SLOT_RETRIES, None, 0.0, work))
+        best = _route(lines, c, d, t0, seqs, stages, room, caps, stage_of, sum(left.values()), paced, rng, noise, work)
         if best is None:
             return None
         end, path, ops = best
@@ -256,6 +250,31 @@ def timetable_routes(
     routes = [(done[i][0], tuple(int(x) for x in done[i][1])) for i in order]
     orders = {x: [f"{kind}{new_id[mb]}" for kind, mb in line.tokens] for x, line in enumerate(lines) if line.tokens}
     return Timetable(routes, orders, max((ops[-1][1] + ops[-1][3] for *_, ops in done), default=0.0))
+
+
+def _route(lines, c: _Costs, d: int, t0: float, seqs, stages, room: list[int], caps: list[int],
+           stage_of: dict[int, int], still: int, paced: bool, rng, noise: float, work: list[int]):
+    """The kept path of a microbatch of ``d`` injected at ``t0`` (``_choose``), ``still``
+    microbatches left to route after it; None when no path fits."""
+    stage_room = [sum(max(0, room[x]) for x in st) for st in stages]
+
+    def ranked(usable: list[int]) -> list[tuple[int, ...]]:
+        found = _ranked_paths(lines, c, d, t0 + c.forward[d], seqs, stages, usable, work)
+        return [p for _, p in found if _keeps_room(p, stage_room, stage_of, still)]
+
+    if paced:  # first within the visits due by now: each cap in proportion to the microbatches routed
+        routed = sum(caps[x] - room[x] for x in range(len(room)) if x not in stages[0])
+        due = (routed + len(seqs[0])) / max(1, routed + len(seqs[0]) * (still + 1))
+        usable = [min(r, math.ceil(cap * due) - (cap - r)) for r, cap in zip(room, caps)]
+        best = _choose(lines, c, d, t0, ranked(usable)[:TRIED], 1, rng, noise, work)
+        if best is not None:
+            return best
+    # the best few paths whose slots fit as reserved, else any such path, else forwards that
+    # wait for a slot
+    paths = ranked(room)
+    return (_choose(lines, c, d, t0, paths[:TRIED], 1, rng, noise, work)
+            or _choose(lines, c, d, t0, paths[TRIED:], 1, None, 0.0, work)
+            or _choose(lines, c, d, t0, paths, SLOT_RETRIES, None, 0.0, work))
 
 
 def _keeps_room(path: tuple[int, ...], stage_room: list[int], stage_of: dict[int, int], still: int) -> bool:
