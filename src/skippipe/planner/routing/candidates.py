@@ -18,14 +18,17 @@ from skippipe.planner.routing.sequences import stage_sequences
 from skippipe.planner.routing.timetable import LARGEST as TIMETABLE_LARGEST
 from skippipe.planner.routing.timetable import timetable_routes
 
-# up to this many nodes timetables are cheap (under 0.2 s each at 30 nodes): three allocations,
-# restarts, nothing charged to the search budget
+# up to this many nodes timetables are cheap (under 0.2 s each at 30 nodes): three allocations
+# and restarts
 TIMETABLE_SMALL = 32
 # allocations a timetable routing is tried on (those of the best candidates)
 TIMETABLE_ALLOCATIONS = 3
 # timetable routings with a perturbed path choice, on the allocation of the best timetable
 TIMETABLE_RESTARTS = 3
-# above TIMETABLE_SMALL nodes a timetable's work units are charged as simulations, one per
+# up to this many nodes the timetables are not charged to the search budget (the planning time
+# stays within 10 s there: 8-9 s CPU at 40 nodes)
+TIMETABLE_UNCHARGED = 40
+# above TIMETABLE_UNCHARGED nodes a timetable's work units are charged as simulations, one per
 # this many units per node (a unit takes about 1-2 us, a search simulation about 30 us a node:
 # 1 ms at 40 nodes, 3 ms at 100)
 TIMETABLE_WORK_PER_NODE = 30
@@ -108,7 +111,8 @@ def timetable_candidates(
     candidates in ``cands`` (``evaluators``: by ``id`` of the stages), unpaced and paced; then
     ``TIMETABLE_RESTARTS`` with a perturbed path choice on the allocation and variant that did
     best. Above ``TIMETABLE_SMALL`` nodes: only where compute is uneven (where it was seen to
-    help), on the best allocation only, its work charged to ``limits``."""
+    help), on the best allocation only; above ``TIMETABLE_UNCHARGED`` its work is charged to
+    ``limits``."""
     small = problem.n <= TIMETABLE_SMALL
     if problem.n > TIMETABLE_LARGEST or (not small and len(set(problem.forward_s.tolist())) <= 1):
         return []
@@ -128,7 +132,7 @@ def timetable_candidates(
         got = _timetable(problem, best[0], evaluators, rng, best[1], work)
         if got is not None and got.score < best[0].score:
             best = (got, best[1])
-    if not small:
+    if problem.n > TIMETABLE_UNCHARGED:
         limits.spent += work[0] // (TIMETABLE_WORK_PER_NODE * problem.n)
     return [best[0]] if best is not None else []
 
