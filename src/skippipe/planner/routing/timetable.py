@@ -80,7 +80,7 @@ class Timeline:
         while True:
             t = self.earliest(t, dur, gap)
             covering = [b for a, b in self.holds if a <= t < b]
-            if len(covering) < slots:
+            if len(covering) < max(1, slots):
                 return t
             t = min(covering)
 
@@ -110,6 +110,15 @@ class _Costs:
 Op = tuple[int, float, str, float, float]  # node, start, kind (I, F, L, B), duration, gap after
 
 
+@dataclass
+class _SlotTaken:
+    """A tentative reservation that would overfill ``node``'s slots: retry with the forward there
+    no sooner than ``free`` (when a hold ends)."""
+
+    node: int
+    free: float
+
+
 def _reserve(
     lines: list[Timeline], c: _Costs, d: int, path: tuple[int, ...], t0: float, tries: int, work: list[int]
 ) -> tuple[float, list[Op]] | None:
@@ -120,13 +129,15 @@ def _reserve(
     for _ in range(tries):
         placed = _place_all(lines, c, d, path, t0, not_before)
         work[0] += 2 * len(path) + 3
-        if placed[0] == "ok":
-            return placed[1], placed[2]
-        not_before[placed[1]] = placed[2]
+        if not isinstance(placed, _SlotTaken):
+            return placed
+        not_before[placed.node] = placed.free
     return None
 
 
-def _place_all(lines, c: _Costs, d: int, path: tuple[int, ...], t0: float, not_before: dict[int, float]):
+def _place_all(
+    lines: list[Timeline], c: _Costs, d: int, path: tuple[int, ...], t0: float, not_before: dict[int, float]
+) -> tuple[float, list[Op]] | _SlotTaken:
     f, T = c.forward, c.transfer
     taken: dict[int, list[tuple[float, float]]] = {d: [(t0, t0 + f[d] + c.inject_gap)]}
 
@@ -156,10 +167,10 @@ def _place_all(lines, c: _Costs, d: int, path: tuple[int, ...], t0: float, not_b
         s = place(x, t + T[prev, x], dur, c.op_gap)
         if x != d and not lines[x].hold_fits(first[x], s, c.memory[x]):
             frees = [b for a, b in lines[x].holds if b > first[x] and a < s]
-            return ("retry", x, min(frees) if frees else s)
+            return _SlotTaken(x, min(frees) if frees else s)
         ops.append((x, s, "B", dur, c.op_gap))
         t, prev = s + dur, x
-    return ("ok", t, ops)
+    return t, ops
 
 
 def _ranked_paths(
