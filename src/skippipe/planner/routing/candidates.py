@@ -22,15 +22,17 @@ from skippipe.planner.routing.timetable import timetable_routes
 # and restarts
 TIMETABLE_SMALL = 32
 # allocations a timetable routing is tried on (those of the best candidates)
-TIMETABLE_ALLOCATIONS = 3
+TIMETABLE_ALLOCATIONS = 2
 # timetable routings with a perturbed path choice, on the allocation of the best timetable
 TIMETABLE_RESTARTS = 3
-# up to this many nodes the timetables are not charged to the search budget (the planning time
-# stays within 10 s there: 8-9 s CPU at 40 nodes)
+# up to this many nodes the first TIMETABLE_FREE_WORK work units of the timetables (about 0.6 s)
+# are not charged to the search budget, the rest is (so that planning stays within 10 s there)
 TIMETABLE_UNCHARGED = 40
-# above TIMETABLE_UNCHARGED nodes a timetable's work units are charged as simulations, one per
-# this many units per node (a unit takes about 1-2 us, a search simulation about 30 us a node:
-# 1 ms at 40 nodes, 3 ms at 100)
+TIMETABLE_FREE_WORK = 300_000
+# work units charged as one search simulation, per node of the cluster: a unit takes about 2 us
+# and a search simulation about 0.8 ms at 32 nodes (S = 9), so 10 per node up to 40 nodes;
+# about 1 us and 3 ms at 100 nodes, so 30 per node above
+TIMETABLE_WORK_PER_NODE_SMALL = 10
 TIMETABLE_WORK_PER_NODE = 30
 # how much a restart may perturb a path's end time when choosing (a factor up to 1 + this)
 TIMETABLE_NOISE = 0.1
@@ -110,9 +112,10 @@ def timetable_candidates(
     processing orders: on each of the ``TIMETABLE_ALLOCATIONS`` allocations of the best
     candidates in ``cands`` (``evaluators``: by ``id`` of the stages), unpaced and paced; then
     ``TIMETABLE_RESTARTS`` with a perturbed path choice on the allocation and variant that did
-    best. Above ``TIMETABLE_SMALL`` nodes: only where compute is uneven (where it was seen to
-    help), on the best allocation only; above ``TIMETABLE_UNCHARGED`` its work is charged to
-    ``limits``."""
+    best. Above ``TIMETABLE_SMALL`` nodes: only
+    where compute is uneven (where it was seen to help), on the best allocation only. The work
+    is charged to ``limits`` beyond ``TIMETABLE_FREE_WORK`` units (all of it above
+    ``TIMETABLE_UNCHARGED`` nodes)."""
     small = problem.n <= TIMETABLE_SMALL
     if problem.n > TIMETABLE_LARGEST or (not small and len(set(problem.forward_s.tolist())) <= 1):
         return []
@@ -132,7 +135,9 @@ def timetable_candidates(
         got = _timetable(problem, best[0], evaluators, rng, best[1], work)
         if got is not None and got.score < best[0].score:
             best = (got, best[1])
-    if problem.n > TIMETABLE_UNCHARGED:
+    if problem.n <= TIMETABLE_UNCHARGED:
+        limits.spent += max(0, work[0] - TIMETABLE_FREE_WORK) // (TIMETABLE_WORK_PER_NODE_SMALL * problem.n)
+    else:
         limits.spent += work[0] // (TIMETABLE_WORK_PER_NODE * problem.n)
     return [best[0]] if best is not None else []
 

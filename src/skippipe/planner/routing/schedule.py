@@ -29,8 +29,9 @@ adds candidates built for the timeline:
 6. timetable (up to 100 nodes, ``routing.timetable``): on the allocations of the best
    candidates, every operation reserved on its node's timeline as the paths are chosen, so the
    paths come with processing orders that the simulator follows (unpaced and paced; up to 32
-   nodes on three allocations and three more runs with a perturbed path choice, above that on
-   one allocation, its work charged to the budget). Its paths are not searched apart from its orders; when
+   nodes on two allocations and three more runs with a perturbed path choice, above that on
+   one allocation where compute is uneven; its work beyond a free allowance charged to the
+   budget). Its paths are not searched apart from its orders; when
    it leads after the first search phase its orders get a share of the rest of the budget
    (``TIMED_ORDERS``) before the second phase of the others.
 
