@@ -18,7 +18,7 @@ from skippipe.planner.routing.sequences import stage_sequences
 from skippipe.planner.routing.timetable import LARGEST as TIMETABLE_LARGEST
 from skippipe.planner.routing.timetable import timetable_routes
 
-# up to this many nodes timetables are cheap (under 0.2 s each at 30 nodes): three allocations
+# up to this many nodes timetables are cheap (under 0.2 s each at 30 nodes): two allocations
 # and restarts
 TIMETABLE_SMALL = 32
 # allocations a timetable routing is tried on (those of the best candidates)
@@ -57,7 +57,6 @@ def stage_orders(problem: Problem, stages: list[list[int]]) -> tuple[tuple[int, 
     if not seqs:
         raise UserError(f"no stage order of length L={w.path_length} satisfies the path rules (CC2/CC3)")
     return seqs
-
 
 
 def memory_candidates(problem: Problem, stages: list[list[int]]) -> list[tuple[Candidate, Evaluator]]:
@@ -103,8 +102,6 @@ def by_name(cands: list[Candidate], name: str) -> Candidate | None:
     return next((c for c in cands if c.name == name), None)
 
 
-
-
 def timetable_candidates(
     problem: Problem, cands: list[Candidate], seed: int, evaluators: dict[int, Evaluator], limits: SearchLimits
 ) -> list[Candidate]:
@@ -112,9 +109,8 @@ def timetable_candidates(
     processing orders: on each of the ``TIMETABLE_ALLOCATIONS`` allocations of the best
     candidates in ``cands`` (``evaluators``: by ``id`` of the stages), unpaced and paced; then
     ``TIMETABLE_RESTARTS`` with a perturbed path choice on the allocation and variant that did
-    best. Above ``TIMETABLE_SMALL`` nodes: only
-    where compute is uneven (where it was seen to help), on the best allocation only. The work
-    is charged to ``limits`` beyond ``TIMETABLE_FREE_WORK`` units (all of it above
+    best. Above ``TIMETABLE_SMALL`` nodes: only where compute is uneven (where it was seen to
+    help), on the best allocation only. The work is charged to ``limits`` beyond ``TIMETABLE_FREE_WORK`` units (all of it above
     ``TIMETABLE_UNCHARGED`` nodes)."""
     small = problem.n <= TIMETABLE_SMALL
     if problem.n > TIMETABLE_LARGEST or (not small and len(set(problem.forward_s.tolist())) <= 1):

@@ -31,9 +31,9 @@ adds candidates built for the timeline:
    paths come with processing orders that the simulator follows (unpaced and paced; up to 32
    nodes on two allocations and three more runs with a perturbed path choice, above that on
    one allocation where compute is uneven; its work beyond a free allowance charged to the
-   budget). Its paths are not searched apart from its orders; when
-   it leads after the first search phase its orders get a share of the rest of the budget
-   (``TIMED_ORDERS``) before the second phase of the others.
+   budget). Its paths are not searched apart from its orders; when it leads after the first
+   search phase its orders get a share of the rest of the budget (``TIMED_ORDERS``) before
+   the second phase of the others.
 
 Every candidate is scored by the simulator (``route_eval``, component by component) and
 improved by local search on the critical data node (``route_search``: exchanges of nodes
