@@ -281,8 +281,7 @@ def plan_skippipe(
     phase1 = _portion(limits, deadline, 0.4)
     for k, cand in enumerate(promising):
         share = _portion(phase1, phase1.deadline, 1.0 / (len(promising) - k))
-        search = RouteSearch(evaluators[id(cand.stages)], cand.stages, problem.load_caps(cand.stages),
-                             stage_orders(problem, cand.stages), seed, share)
+        search = _search(problem, cand, evaluators[id(cand.stages)], seed, share)
         searches[id(cand)] = search
         cand.routes, cand.score = search.improve_paths(cand.routes, cand.score, kicks=0)
         phase1.spent += share.spent
@@ -290,8 +289,7 @@ def plan_skippipe(
     timed = min((c for c in cands if c.timed), key=lambda c: c.score.key(), default=None)
     if timed is not None and timed.score < min(c.score for c in promising):
         # the timetable leads: its processing orders get a share of the rest of the budget
-        search = RouteSearch(evaluators[id(timed.stages)], timed.stages, problem.load_caps(timed.stages),
-                             stage_orders(problem, timed.stages), seed, _portion(limits, deadline, TIMED_ORDERS))
+        search = _search(problem, timed, evaluators[id(timed.stages)], seed, _portion(limits, deadline, TIMED_ORDERS))
         timed.orders, timed.score = _improve_orders(search, timed.routes, timed.score, timed.orders)
         limits.spent += search.limits.spent
     lead_cand = min(promising, key=lambda c: c.score.key())
@@ -312,6 +310,11 @@ def plan_skippipe(
         if ref.predicted_makespan_s < plan.predicted_makespan_s:
             plan = ref
     return quickest(plan, fallbacks(stages) if fallbacks is not None else [])
+
+
+def _search(problem: Problem, cand: Candidate, ev: Evaluator, seed: int, limits: SearchLimits) -> RouteSearch:
+    """A local search on the paths and orders of ``cand`` (scored by ``ev``) within ``limits``."""
+    return RouteSearch(ev, cand.stages, problem.load_caps(cand.stages), stage_orders(problem, cand.stages), seed, limits)
 
 
 def quickest(plan: Plan, others: list[tuple[str, Plan]]) -> Plan:

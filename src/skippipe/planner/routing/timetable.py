@@ -240,10 +240,12 @@ def timetable_routes(
             continue
         left[d] -= 1
         t0 = lines[d].earliest(ready, c.forward[d], c.inject_gap)
-        best = _route(lines, c, d, t0, seqs, stages, room, caps, stage_of, sum(left.values()), paced, rng, noise, work)
+        still = sum(left.values())
+        due = (len(done) + 1) / (len(done) + 1 + still) if paced else None  # share of the microbatches routed
+        best = _route(lines, c, d, t0, seqs, stages, room, caps, stage_of, still, due, rng, noise, work)
         if best is None:
             return None
-        end, path, ops = best
+        _, path, ops = best
         mb = len(done)
         first: dict[int, float] = {}
         for node, start, kind, dur, gap in ops:
@@ -264,18 +266,17 @@ def timetable_routes(
 
 
 def _route(lines, c: _Costs, d: int, t0: float, seqs, stages, room: list[int], caps: list[int],
-           stage_of: dict[int, int], still: int, paced: bool, rng, noise: float, work: list[int]):
+           stage_of: dict[int, int], still: int, due: float | None, rng, noise: float, work: list[int]):
     """The kept path of a microbatch of ``d`` injected at ``t0`` (``_choose``), ``still``
-    microbatches left to route after it; None when no path fits."""
+    microbatches left to route after it; None when no path fits. With ``due`` (paced: the share
+    of the microbatches routed once this one is) a node first takes at most that share of its cap."""
     stage_room = [sum(max(0, room[x]) for x in st) for st in stages]
 
     def ranked(usable: list[int]) -> list[tuple[int, ...]]:
         found = _ranked_paths(lines, c, d, t0 + c.forward[d], seqs, stages, usable, work)
         return [p for _, p in found if _keeps_room(p, stage_room, stage_of, still)]
 
-    if paced:  # first within the visits due by now: each cap in proportion to the microbatches routed
-        routed = sum(caps[x] - room[x] for x in range(len(room)) if x not in stages[0])
-        due = (routed + len(seqs[0])) / max(1, routed + len(seqs[0]) * (still + 1))
+    if due is not None:  # first within the visits due by now
         usable = [min(r, math.ceil(cap * due) - (cap - r)) for r, cap in zip(room, caps)]
         best = _choose(lines, c, d, t0, ranked(usable)[:TRIED], 1, rng, noise, work)
         if best is not None:
