@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from skippipe.cluster_gen import random_global_cluster, single_site_cluster
 from skippipe.planner.problem import build_problem
-from skippipe.workload import Workload
+from skippipe.workload import Workload, least_max_jump
 
 
 @st.composite
@@ -16,7 +16,8 @@ def generated_problems(draw, stages: tuple[int, int] = (3, 6), max_path: int = 4
     """A problem on a random global cluster (some links broken) or a single site, speeds
     0.5–2x, memory 1–4 (on a single site only with ``single_site_memory``)."""
     s = draw(st.integers(*stages))
-    L = draw(st.integers(2, min(s, max_path)))
+    shortest = next(L for L in range(2, s + 1) if least_max_jump(s, L) <= 4)  # the default max_jump reaches stage S-1
+    L = draw(st.integers(shortest, max(shortest, min(s, max_path))))
     n = draw(st.integers(s + extra_nodes, max_nodes))
     seed = draw(st.integers(0, 10_000))
     if draw(st.booleans()):

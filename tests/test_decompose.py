@@ -50,7 +50,7 @@ def test_locality_groups_are_the_sites_and_tight():
 def test_apportioned_sizes_add_up_both_ways(sizes, num_stages, path_length, data):
     path_length = min(path_length, num_stages)
     n = sum(sizes)
-    total = Workload(num_stages=num_stages, path_length=path_length).sizes_for(n)
+    total = Workload(num_stages=num_stages, path_length=path_length, max_jump=num_stages).sizes_for(n)
     speed = np.array(data.draw(st.lists(st.floats(0.5, 2.0), min_size=n, max_size=n)))
     ids = np.arange(n)
     groups = [ids[sum(sizes[:i]):sum(sizes[:i + 1])].tolist() for i in range(len(sizes))]

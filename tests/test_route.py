@@ -25,7 +25,7 @@ from skippipe.planner.routing.schedule import plan_no_tc2, plan_skippipe
 from skippipe.planner.routing.sequences import RouteCosts, cheapest_path, node_classes, stage_sequences
 from skippipe.reference import reference_problem, reference_stages
 from skippipe.sim import simulate
-from skippipe.workload import Workload
+from skippipe.workload import Workload, least_max_jump
 
 # SKIPPIPE_ROUTE_EXAMPLES=200 for a deeper run of the property tests
 FAST = settings(max_examples=int(os.environ.get("SKIPPIPE_ROUTE_EXAMPLES", "12")), deadline=None,
@@ -53,7 +53,7 @@ def problems(draw, heterogeneous: bool = True):
     workload = Workload(
         num_stages=S, path_length=L, microbatches_per_data_node=draw(st.integers(1, 5)),
         memory=draw(st.integers(1, 4)), n_layers=2 * S,
-        max_swaps=draw(st.integers(0, 2)), max_jump=draw(st.integers(1, 4)),
+        max_swaps=draw(st.integers(0, 2)), max_jump=draw(st.integers(least_max_jump(S, L), max(4, least_max_jump(S, L)))),
     )
     return build_problem(cluster, workload)
 

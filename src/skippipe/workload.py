@@ -17,6 +17,13 @@ from skippipe.limits import MAX_CTX, MAX_LAYERS, MAX_MICROBATCHES, MAX_NODES, MA
 NON_NEGATIVE = {"min": 0}
 
 
+def least_max_jump(num_stages: int, path_length: int) -> int:
+    """The least ``max_jump`` with which some path reaches the last stage: each of the L - 1
+    visits moves the frontier at most ``max_jump`` stages, so it must be at least
+    ceil((S - 1) / (L - 1)); from there every stage lies on some valid path."""
+    return -(-(num_stages - 1) // max(1, path_length - 1))
+
+
 @dataclass(frozen=True)
 class PipelineShape:
     """The pipeline a plan lays out: stages, path length, microbatches, memory, path rules.
@@ -42,6 +49,15 @@ class PipelineShape:
             raise invalid(
                 self, "path_length",
                 f"path_length L={self.path_length} must be between 2 and the number of stages S={self.num_stages}",
+            )
+        need = least_max_jump(self.num_stages, self.path_length)
+        if self.max_jump < need:
+            reach, top = self.max_jump * (self.path_length - 1), self.num_stages - 1
+            unreached = f"stage {top}" if reach + 1 == top else f"stages {reach + 1}..{top}"
+            raise invalid(
+                self, "max_jump",
+                f"with max_jump={self.max_jump} and path_length L={self.path_length} no path gets past stage {reach}, "
+                f"so {unreached} would never be trained: use max_jump >= {need}",
             )
         if self.stage_sizes is not None and len(self.stage_sizes) != self.num_stages:
             raise invalid(

@@ -58,7 +58,8 @@ def run_profile_worker(spec: ProfileSpec) -> int:
     cfg = get_preset(spec.model)
     if cfg.n_layers < spec.stages:
         raise UserError(f"profile: model {spec.model!r} has {cfg.n_layers} layers, fewer than {spec.stages} stages")
-    layers = max(Workload(num_stages=max(2, spec.stages), path_length=2, n_layers=cfg.n_layers).layers_per_stage())
+    stages = max(2, spec.stages)
+    layers = max(Workload(num_stages=stages, path_length=stages, n_layers=cfg.n_layers).layers_per_stage())
     links = EmulatedLinks.load(spec.emulate, n, spec.time_scale) if spec.emulate else None
     sizes = spec.message_sizes(cfg.d_model, cfg.ctx)
     device = pg.device_for(spec.device, env.local_rank)
