@@ -215,3 +215,46 @@ def test_allocation_with_explicit_unequal_sizes():
     stages = allocate(p, seed=0)
     assert [len(s) for s in stages] == [5, 4, 3, 3, 3, 2]
     assert _is_allocation(p, stages)
+
+
+
+def _some_dealing_carries(caps: list[int], sizes: list[int], need: int) -> bool:
+    """Brute force: can nodes with these caps be dealt into stages of these sizes, each summing
+    to at least ``need``?"""
+    def deal(left: tuple[int, ...], k: int) -> bool:
+        if k == len(sizes):
+            return not left
+        return any(sum(group) >= need and deal(tuple(c for i, c in enumerate(left) if i not in idx), k + 1)
+                   for idx in itertools.combinations(range(len(left)), sizes[k])
+                   for group in [[left[i] for i in idx]])
+    return deal(tuple(caps), 0)
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(6, 11), s=st.integers(3, 5), m=st.integers(1, 6), seed=st.integers(0, 10_000))
+def test_stages_of_slow_nodes_are_dealt_again_until_the_tc1_caps_carry_every_visit(n, s, m, seed):
+    # L = S: every microbatch visits every stage, so each stage must take D*m visits. Dealing the
+    # slowest nodes into one stage leaves it short; the repair deals them again whenever any
+    # dealing carries the visits (checked by brute force), and leaves a feasible one alone.
+    from skippipe.planner.allocation.stage_caps import balance_stage_caps, stage_cap_sums
+    from skippipe.planner.routing.sequences import sequence_quotas, stage_sequences
+
+    n = max(n, 2 * s)
+    forward = np.random.default_rng(seed).uniform(0.5, 2.0, size=n)
+    cluster = cluster_from_dict({"transfer_s": np.full((n, n), 0.4).tolist(), "forward_s": forward.tolist()})
+    problem = build_problem(cluster, Workload(num_stages=s, path_length=s, microbatches_per_data_node=m, n_layers=s))
+    sizes = problem.stage_sizes
+    by_speed = [int(x) for x in np.argsort(forward)]  # fastest first: the last stage gets the slowest
+    stages = [sorted(by_speed[sum(sizes[:k]):sum(sizes[:k + 1])]) for k in range(len(sizes))]
+    seqs = stage_sequences(s, s, problem.workload.max_swaps, problem.workload.max_jump)
+    total = sizes[0] * m
+    caps = problem.load_caps(stages)
+    fixed = balance_stage_caps(problem, stages)
+    assert fixed[0] == stages[0] and [len(x) for x in fixed] == [len(x) for x in stages]
+    assert sorted(x for group in fixed for x in group) == list(range(n))
+    if sequence_quotas(seqs, stage_cap_sums(caps, stages), total) is not None:
+        assert fixed == stages  # a feasible allocation is left alone
+    elif _some_dealing_carries([caps[x] for g in stages[1:] for x in g], list(sizes[1:]), total):
+        assert sequence_quotas(seqs, stage_cap_sums(caps, fixed), total) is not None
+    else:
+        assert fixed == stages

@@ -43,6 +43,7 @@ from scipy.optimize import linear_sum_assignment
 
 from skippipe.errors import UserError
 from skippipe.planner.allocation.fitness import Groups, _Evaluator, _links, data_node_candidates
+from skippipe.planner.allocation.stage_caps import balance_stage_caps
 from skippipe.planner.problem import Problem
 
 # ``separate``: at most this many drops of the worst intra-stage link, and recorded steps scored.
@@ -297,7 +298,9 @@ def _default_budget(n: int, s: int) -> int:
 def allocate(problem: Problem, seed: int = 0, time_limit_s: float | None = None) -> list[list[int]]:
     """Node -> stage allocation: stage 0 = data nodes, then the stages in pipeline order.
 
-    A fixed allocation in the cluster (``problem.fixed_stages``) is returned unchanged.
+    A fixed allocation in the cluster (``problem.fixed_stages``) is returned unchanged; the
+    searched one is repaired where its stages' TC1 caps cannot carry the visits
+    (``stage_caps.balance_stage_caps``).
     """
     if problem.fixed_stages is not None:
         return [list(map(int, s)) for s in problem.fixed_stages]
@@ -314,7 +317,7 @@ def allocate(problem: Problem, seed: int = 0, time_limit_s: float | None = None)
 
     best_groups = _run_search(search)
     order, _ = ev.tour(best_groups, ev.pair_matrix(best_groups))
-    return [sorted(best_groups[g]) for g in order]
+    return balance_stage_caps(problem, [sorted(best_groups[g]) for g in order])
 
 
 def _run_search(search: _Search) -> Groups:
