@@ -116,3 +116,33 @@ def test_no_split_below_the_size_or_with_fixed_stage_sizes_or_across_sites(small
     assert D.decomposed_plan(build_problem(cluster, fixed), 0, plan_group) is None
     cluster, _ = _sites_cluster([30, 8, 8])  # the small sites must join a big one: groups span sites
     assert D.decomposed_plan(build_problem(cluster, Workload(num_stages=4, path_length=3)), 0, plan_group) is None
+
+
+def test_islands_are_the_parts_only_trickling_links_join():
+    from skippipe.cluster import parse_preset
+    from skippipe.cluster_gen import random_global_cluster
+
+    for name in ("gcp-2025/geo-distributed/20", "aws-2022/5-clusters/20", "gcp-2025/single-cluster/20"):
+        assert D.islands(build_problem(parse_preset(name), Workload()).transfer_s) == [list(range(20))]
+    # two sites whose link only trickles: two islands, one per site
+    t = build_problem(random_global_cluster(30, seed=3, sites=2, broken=1.0), Workload()).transfer_s
+    parts = D.islands(t)
+    assert len(parts) == 2 and sorted(x for p in parts for x in p) == list(range(30))
+    inside = max(float(t[np.ix_(p, p)].max()) for p in parts)
+    across = min(float(t[np.ix_(a, b)].min()) for a in parts for b in parts if a is not b)
+    assert across >= D.ISLAND_GAP * inside
+
+
+def test_a_cluster_cut_in_two_is_planned_island_by_island():
+    from skippipe.cluster_gen import random_global_cluster
+
+    cluster = random_global_cluster(40, seed=31, sites=2, broken=1.0)
+    problem = build_problem(cluster, Workload(num_stages=9, path_length=4, microbatches_per_data_node=2, n_layers=27))
+    plan = methods.make_plan("skippipe", problem, seed=0)
+    check_plan(plan)
+    part_of = {x: k for k, p in enumerate(D.islands(problem.transfer_s)) for x in p}
+    assert plan.meta["candidate"] == "islands"
+    for mb in plan.microbatches:  # no microbatch crosses to the other island
+        assert {part_of[x] for x in mb.route()} == {part_of[mb.data_node]}
+    res = simulate(plan, record=False)
+    assert res.finished and res.makespan_s < float(np.asarray(problem.transfer_s).max())

@@ -31,6 +31,8 @@ import dataclasses
 from collections.abc import Callable
 
 import numpy as np
+from scipy.sparse import csr_matrix
+from scipy.sparse.csgraph import connected_components
 
 from skippipe.cluster import Cluster
 from skippipe.planfile import Microbatch, Plan
@@ -42,6 +44,7 @@ DECOMPOSE_NODES = 200  # clusters above this many nodes get the candidate
 GROUP_NODES = 50  # a group holds at least this many nodes (and at least 5 per stage)
 GROUP_BUDGET = 600  # simulations of the search inside each group
 TIGHT = 1.25  # a group is one site: no hop inside it dearer than this x the cluster's cheapest hop
+ISLAND_GAP = 20.0  # links this many times dearer than every cheaper one are cut: what is left joined are islands
 
 
 def min_group_size(problem: Problem) -> int:
@@ -74,6 +77,25 @@ def locality_groups(transfer_s: np.ndarray, min_size: int) -> list[list[int]]:
         alive[h] = False
         members[g] = sorted(members[g] + members[h])
     return [members[g] for g in np.flatnonzero(alive)]
+
+
+def islands(transfer_s: np.ndarray) -> list[list[int]]:
+    """The parts of the cluster joined only by links far dearer than the rest: where the sorted
+    link costs (dearer way of each pair) jump by ``ISLAND_GAP`` x or more, the links above the
+    jump are cut and the connected components of the others returned (one part when there is
+    no such jump or nothing is cut off)."""
+    n = transfer_s.shape[0]
+    both = np.maximum(transfer_s, transfer_s.T)
+    off = ~np.eye(n, dtype=bool)
+    costs = np.unique(both[off])
+    if len(costs) < 2 or costs[0] <= 0:
+        return [list(range(n))]
+    jump = costs[1:] / costs[:-1]
+    k = int(np.argmax(jump))
+    if jump[k] < ISLAND_GAP:
+        return [list(range(n))]
+    count, label = connected_components(csr_matrix((both <= costs[k]) & off), directed=False)
+    return [np.flatnonzero(label == c).tolist() for c in range(count)]
 
 
 def tight(transfer_s: np.ndarray, groups: list[list[int]]) -> bool:
@@ -199,11 +221,15 @@ def decomposed_plan(problem: Problem, seed: int, plan_group: Callable[[Problem, 
     """The merged plan of the groups (see the module text), or None when the cluster is not
     split: a fixed allocation or stage sizes, groups that are not one site each, or too small
     for the stages. ``plan_group(sub_problem, number_of_groups)`` plans one group."""
-    if problem.n <= DECOMPOSE_NODES or problem.fixed_stages is not None or problem.workload.stage_sizes is not None:
+    if problem.fixed_stages is not None or problem.workload.stage_sizes is not None:
         return None
-    groups = locality_groups(problem.transfer_s, min_group_size(problem))
-    if len(groups) < 2 or not tight(problem.transfer_s, groups):
-        return None
+    groups, candidate = islands(problem.transfer_s), "islands"
+    if len(groups) < 2:
+        if problem.n <= DECOMPOSE_NODES:
+            return None
+        groups, candidate = locality_groups(problem.transfer_s, min_group_size(problem)), "groups of sites"
+        if len(groups) < 2 or not tight(problem.transfer_s, groups):
+            return None
     sizes = apportion(problem.stage_sizes, groups, 1.0 / problem.forward_s)
     if sizes is None:
         return None
@@ -215,7 +241,7 @@ def decomposed_plan(problem: Problem, seed: int, plan_group: Callable[[Problem, 
         if key not in planned:
             planned[key] = plan_group(sub, len(groups))
         parts.append((nodes, planned[key]))
-    meta = {"candidate": "groups of sites", "groups": [len(g) for g in groups], "group_plans": len(planned)}
+    meta = {"candidate": candidate, "groups": [len(g) for g in groups], "group_plans": len(planned)}
     return merge(problem, parts, seed, meta)
 
 
@@ -228,7 +254,8 @@ def plan_in_groups(
     same safety net as ``plan_skippipe``); None when the cluster does not split."""
     def plan_group(sub: Problem, groups: int) -> Plan:
         share = None if time_limit_s is None else 0.8 * time_limit_s / groups
-        return plan_skippipe(sub, seed=seed, time_limit_s=share, budget=GROUP_BUDGET)
+        budget = GROUP_BUDGET if problem.n > DECOMPOSE_NODES else None  # small islands: the default search
+        return plan_skippipe(sub, seed=seed, time_limit_s=share, budget=budget)
 
     split = decomposed_plan(problem, seed, plan_group)
     if split is None:
