@@ -50,6 +50,17 @@ def test_timeouts_name_the_node_most_of_them_waited_for_whatever_the_wording():
     assert v.message.startswith("node 4 stopped answering (still running); node(s) 0, 1 waited for it:")
 
 
+
+def test_a_barrier_timeout_names_the_one_node_still_running():
+    barrier = "the barrier that starts iteration 4 did not complete"
+    v = verdict([_ended(0, 3, MessageTimeout((), 5.0, barrier)), _ended(1, 3, MessageTimeout((), 5.0, barrier)),
+                 _ended(2, None)])
+    assert (v.node, v.kind) == (2, FaultKind.MESSAGE_TIMEOUT)
+    assert v.message.startswith("node 2 stopped answering (still running); node(s) 0, 1 waited for it: nothing arrived")
+    # two nodes still running: which one went silent is not known, so none is named
+    unknown = verdict([_ended(0, 3, MessageTimeout((), 5.0, barrier)), _ended(1, None), _ended(2, None)])
+    assert unknown.node == 0 and unknown.message.startswith("node 0 stopped: nothing arrived for 5 s")
+
 def test_own_failures_diverged_training_and_bad_messages():
     crash = verdict([_ended(0, 3, PeerLost(1, "gone")), _ended(1, 1, ZeroDivisionError("division by zero"))])
     assert (crash.node, crash.kind, crash.message) == (1, FaultKind.CRASH, "node 1 failed: ZeroDivisionError: division by zero")

@@ -183,6 +183,8 @@ def verdict(workers: list[Ended]) -> Verdict:
     3. Diverged training is the run's fault, not a node's.
     4. Otherwise every failed worker lost, waited for or refused a peer: the peer most of them
        point at is named; timeouts count first (errors after a timeout are echoes of it).
+    5. Timeouts that name no peer (a barrier) while exactly one worker is still running: that
+       worker went silent.
     """
     failed = sorted((w for w in workers if w.returncode not in (None, 0)), key=lambda w: w.node)
     if not failed:
@@ -208,6 +210,16 @@ def verdict(workers: list[Ended]) -> Verdict:
     pointing = [w for w in failed if w.status is not None and w.status.kind in POINTS_AT_PEER and w.status.peers]
     timeouts = [w for w in pointing if w.status is not None and w.status.kind == FaultKind.MESSAGE_TIMEOUT]
     pointing = timeouts or pointing
+    running = [w.node for w in workers if w.returncode is None]
+    if not pointing and len(running) == 1 and all(w.status is not None and w.status.kind == FaultKind.MESSAGE_TIMEOUT
+                                                   for w in failed):
+        # a collective (the iteration barrier) timed out everywhere but on one node that is
+        # still running: that node is the one that went silent (frozen, not dead)
+        suspect, first = running[0], failed[0]
+        nodes = ", ".join(str(w.node) for w in failed)
+        detail = first.status.message if first.status is not None else ""
+        return Verdict(f"node {suspect} stopped answering (still running); node(s) {nodes} waited for it: {detail}",
+                       suspect, FaultKind.MESSAGE_TIMEOUT)
     if not pointing:
         first = failed[0]
         text = first.status.message if first.status is not None else f"exit code {first.returncode}"

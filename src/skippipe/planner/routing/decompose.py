@@ -1,7 +1,7 @@
 """Large clusters planned in parts: nodes grouped by the network, each group planned as a
-cluster of its own, the group plans merged into one plan (method ``skippipe`` above
-``DECOMPOSE_NODES`` nodes, in place of the search over the whole cluster, when the cluster
-splits into sites).
+cluster of its own, the group plans merged into one plan (method ``skippipe``, in place of the
+search over the whole cluster, when the cluster falls apart into islands or, above
+``DECOMPOSE_NODES`` nodes, splits into sites).
 
 Why: on a large cluster most of the floor is reachable inside one site or a few near sites (a
 round trip that stays there pays no long hop), while one search over all nodes at once has only
@@ -10,8 +10,12 @@ the full search of ``plan_skippipe`` on it; microbatches of a group's data nodes
 group's nodes, so the groups do not meet on any node and the merged plan's makespan is the
 slowest group's.
 
-1. ``locality_groups``: start from single nodes; the smallest group joins the group it is
-   nearest to (mean hop seconds both ways) until every group holds at least ``min_size`` nodes.
+0. ``islands``: a cluster that only trickling links join (the sorted link costs jump by
+   ``ISLAND_GAP`` x or more, e.g. sites whose link to each other is broken) is split into the
+   parts the other links join, at any size; each part is planned with the default search.
+1. Else, above ``DECOMPOSE_NODES`` nodes, ``locality_groups``: start from single nodes; the
+   smallest group joins the group it is nearest to (mean hop seconds both ways) until every
+   group holds at least ``min_size`` nodes.
    The candidate is made only when every group is one site (``TIGHT``): groups that span
    sites were measured to plan worse than the search over the whole cluster (global uneven,
    1,000 nodes, 60 sites of about 17 nodes: 71.14 s against 68.55 s), at more planning time.
@@ -20,7 +24,8 @@ slowest group's.
    every group gets its size and every stage its total. The merged plan keeps the workload's
    data-node count, so it trains on as many microbatches per iteration as any other plan.
 3. Each group is planned with ``plan_skippipe`` (its own allocation inside the group's stage
-   sizes, ``GROUP_BUDGET`` simulations); groups with the same costs are planned once.
+   sizes, ``GROUP_BUDGET`` simulations, islands of a cluster up to ``DECOMPOSE_NODES`` nodes
+   the default budget); groups with the same costs are planned once.
 4. ``merge``: node ids and microbatch ids mapped back, processing orders renamed; a node's TC1
    cap is its group's (visits in proportion to speed inside the group).
 """
