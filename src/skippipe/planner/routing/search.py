@@ -21,7 +21,6 @@ simulations, the deadline only cuts the search short.
 
 from __future__ import annotations
 
-import itertools
 import random
 import time
 from collections.abc import Iterator
@@ -61,7 +60,9 @@ class RouteSearch:
         self.stages = stages
         self.caps = caps
         self.stage_of = {x: s for s, nodes in enumerate(stages) for x in nodes}
-        self.valid = set(sequences)
+        self.orders_of: dict[frozenset[int], list[tuple[int, ...]]] = {}  # stage set -> its valid orders
+        for seq in dict.fromkeys(tuple(q) for q in sequences):
+            self.orders_of.setdefault(frozenset(seq), []).append(seq)
         self.rng = random.Random(seed)
         self.limits = limits
         self.patterns: dict[tuple, dict[int, list[tuple[str, int]]]] = {}
@@ -70,6 +71,15 @@ class RouteSearch:
     # ------------------------------------------------------------------ helpers
     def _seq(self, path: tuple[int, ...]) -> tuple[int, ...]:
         return tuple(self.stage_of[x] for x in path)
+
+    def _reorders(self, path: tuple[int, ...]) -> list[tuple[int, ...]]:
+        """The other valid orders of the path's nodes, in the order ``itertools.permutations``
+        lists them (the valid stage orders of its stage set, not all L-1 factorial)."""
+        seq = self._seq(path)
+        node_of = dict(zip(seq, path))
+        place = {x: k for k, x in enumerate(path)}
+        perms = [tuple(node_of[s] for s in other) for other in self.orders_of.get(frozenset(seq), ()) if other != seq]
+        return sorted(perms, key=lambda perm: tuple(place[x] for x in perm))
 
     # ------------------------------------------------------------------ path moves
     def _moves(self, routes: list[Route], d: int) -> Iterator[tuple]:
@@ -92,9 +102,8 @@ class RouteSearch:
                     for j in users.get(y, ()):
                         if j != i and x not in routes[j][1]:
                             moves.append(("exchange", i, pos, j))
-            for perm in itertools.permutations(path):
-                if perm != path and self._seq(perm) in self.valid:
-                    moves.append(("reorder", i, perm))
+            for perm in self._reorders(path):
+                moves.append(("reorder", i, perm))
             for j in mine:
                 if j > i and routes[j][1] != path:
                     moves.append(("inject", i, j))
