@@ -211,23 +211,19 @@ def verdict(workers: list[Ended]) -> Verdict:
     timeouts = [w for w in pointing if w.status is not None and w.status.kind == FaultKind.MESSAGE_TIMEOUT]
     pointing = timeouts or pointing
     running = [w.node for w in workers if w.returncode is None]
-    if not pointing and len(running) == 1 and all(w.status is not None and w.status.kind == FaultKind.MESSAGE_TIMEOUT
-                                                   for w in failed):
+    if pointing:
+        votes = Counter(p for w in pointing for p in (w.status.peers if w.status is not None else ()))
+        suspect = min(votes, key=lambda p: (-votes[p], p))
+        waiting = [w for w in pointing if w.status is not None and suspect in w.status.peers]
+    elif len(running) == 1 and all(w.status is not None and w.status.kind == FaultKind.MESSAGE_TIMEOUT for w in failed):
         # a collective (the iteration barrier) timed out everywhere but on one node that is
         # still running: that node is the one that went silent (frozen, not dead)
-        suspect, first = running[0], failed[0]
-        nodes = ", ".join(str(w.node) for w in failed)
-        detail = first.status.message if first.status is not None else ""
-        return Verdict(f"node {suspect} stopped answering (still running); node(s) {nodes} waited for it: {detail}",
-                       suspect, FaultKind.MESSAGE_TIMEOUT)
-    if not pointing:
+        suspect, waiting = running[0], failed
+    else:
         first = failed[0]
         text = first.status.message if first.status is not None else f"exit code {first.returncode}"
         kind = first.status.kind if first.status is not None else FaultKind.CRASH
         return Verdict(f"node {first.node} stopped: {text}", first.node, kind)
-    votes = Counter(p for w in pointing for p in (w.status.peers if w.status is not None else ()))
-    suspect = min(votes, key=lambda p: (-votes[p], p))
-    waiting = [w for w in pointing if w.status is not None and suspect in w.status.peers]
     kind = waiting[0].status.kind if waiting[0].status is not None else FaultKind.CRASH
     state = {None: "still running", 0: "finished"}.get(_returncode(workers, suspect), "exited")
     detail = waiting[0].status.message if waiting[0].status is not None else ""
