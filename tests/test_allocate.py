@@ -236,8 +236,8 @@ def test_stages_of_slow_nodes_are_dealt_again_until_the_tc1_caps_carry_every_vis
     # L = S: every microbatch visits every stage, so each stage must take D*m visits. Dealing the
     # slowest nodes into one stage leaves it short; the repair deals them again whenever any
     # dealing carries the visits (checked by brute force), and leaves a feasible one alone.
-    from skippipe.planner.allocation.stage_caps import balance_stage_caps, stage_cap_sums
-    from skippipe.planner.routing.sequences import sequence_quotas, stage_sequences
+    from skippipe.planner.allocation.stage_caps import balance_stage_caps
+    from skippipe.planner.routing.sequences import sequence_quotas, stage_cap_sums, stage_sequences
 
     n = max(n, 2 * s)
     forward = np.random.default_rng(seed).uniform(0.5, 2.0, size=n)

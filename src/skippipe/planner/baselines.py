@@ -28,7 +28,7 @@ from skippipe.errors import UserError
 from skippipe.planfile import Microbatch, Plan, path_rule_violation
 from skippipe.planner.allocation import allocate, bottleneck_matching
 from skippipe.planner.problem import Problem
-from skippipe.planner.routing.assign import sequence_quotas
+from skippipe.planner.routing.sequences import sequence_quotas, stage_cap_sums, tc1_refusal
 
 
 def _links(problem: Problem) -> np.ndarray:
@@ -123,15 +123,11 @@ def naive_plan(problem: Problem, stages: list[list[int]] | None = None, seed: in
         raise UserError(f"no path of L={w.path_length} stages satisfies the path rules (CC2/CC3) with S={len(stages)}")
     mbs = _naive_microbatches(problem, stages, caps, kinds, None)
     if mbs is None:
-        stage_cap = [0] + [sum(caps[x] for x in s) for s in stages[1:]]
         total = len(stages[0]) * w.microbatches_per_data_node
-        quota = sequence_quotas(kinds, stage_cap, total)
+        quota = sequence_quotas(kinds, stage_cap_sums(caps, stages), total)
         mbs = None if quota is None else _naive_microbatches(problem, stages, caps, kinds, quota)
         if mbs is None:
-            raise UserError(
-                f"no routing respects the per-node load caps (TC1): the stages can take {stage_cap[1:]} visits, "
-                f"too few for {total} microbatches on paths of {w.path_length} stages"
-            )
+            raise tc1_refusal(caps, stages, total, w.path_length)
     return problem.make_plan(stages, mbs, method="naive", seed=seed)
 
 

@@ -21,12 +21,7 @@ import numpy as np
 from scipy.optimize import LinearConstraint, milp
 
 from skippipe.planner.problem import Problem
-from skippipe.planner.routing.sequences import sequence_quotas, stage_sequences
-
-
-def stage_cap_sums(caps: list[int], stages: list[list[int]]) -> list[int]:
-    """Per stage the sum of its nodes' caps (0 for stage 0: its nodes run their own microbatches)."""
-    return [0] + [int(sum(caps[x] for x in s)) for s in stages[1:]]
+from skippipe.planner.routing.sequences import sequence_quotas, stage_cap_sums, stage_sequences
 
 
 def balance_stage_caps(problem: Problem, stages: list[list[int]]) -> list[list[int]]:

@@ -34,7 +34,9 @@ from skippipe.planner.routing.sequences import (
     search_width,
     sequence_array,
     sequence_quotas,
+    stage_cap_sums,
     stage_sequences,
+    tc1_refusal,
 )
 
 
@@ -285,13 +287,9 @@ def assign_static(
     paths = _greedy(problem, rc, stages, caps, classes, seqs, None, use_rounds)
     if paths is None:
         total = len(stages[0]) * w.microbatches_per_data_node
-        stage_caps = [0] + [int(sum(caps[x] for x in s)) for s in stages[1:]]
-        quotas = sequence_quotas(seqs, stage_caps, total)
+        quotas = sequence_quotas(seqs, stage_cap_sums(caps, stages), total)
         if quotas is None:
-            raise UserError(
-                f"no routing respects the per-node load caps (TC1): the stages can take {stage_caps[1:]} visits, "
-                f"too few for {total} microbatches on paths of {w.path_length} stages"
-            )
+            raise tc1_refusal(caps, stages, total, w.path_length)
         paths = _greedy(problem, rc, stages, caps, classes, seqs, quotas, use_rounds)
         assert paths is not None, "routing with feasible sequence quotas cannot fail"
     if finishes is not None and not finishes(paths):

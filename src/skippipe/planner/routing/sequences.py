@@ -19,6 +19,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from skippipe.errors import UserError
 from skippipe.planfile import path_rule_violation
 from skippipe.planner.problem import Problem
 
@@ -226,6 +227,20 @@ def nearest(
             a = np.sort(a[np.lexsort((a, cost))[:width]])
         out.append(a)
     return out
+
+
+def stage_cap_sums(caps: list[int], stages: list[list[int]]) -> list[int]:
+    """Per stage the sum of its nodes' TC1 caps, the capacities ``sequence_quotas`` splits the
+    microbatches under (0 for stage 0: its nodes run their own microbatches)."""
+    return [0] + [int(sum(caps[x] for x in s)) for s in stages[1:]]
+
+
+def tc1_refusal(caps: list[int], stages: list[list[int]], microbatches: int, path_length: int) -> UserError:
+    """The one-line refusal when the stages' TC1 caps admit no routing of ``microbatches``."""
+    return UserError(
+        f"no routing respects the per-node load caps (TC1): the stages can take {stage_cap_sums(caps, stages)[1:]} "
+        f"visits, too few for {microbatches} microbatches on paths of {path_length} stages"
+    )
 
 
 def sequence_quotas(
