@@ -33,7 +33,6 @@ from skippipe.planfile import Microbatch, Plan, plan_violations
 from skippipe.planner.methods import make_plan
 from skippipe.planner.problem import Problem, build_problem
 from skippipe.sim import simulate
-from skippipe.workload import Workload
 
 try:
     from ortools.sat.python import cp_model
@@ -190,7 +189,7 @@ def main() -> None:
     if not cases:
         raise SystemExit(f"scheduler_exact: no suite cluster of kind {args.kind!r} with {args.nodes} nodes")
     case = cases[0]
-    problem = build_problem(case.cluster, Workload(num_stages=case.num_stages, path_length=case.path_length))
+    problem = build_problem(case.cluster, case.workload())
     t0 = time.process_time()
     plan = make_plan("skippipe", problem, seed=0)
     plan_cpu = time.process_time() - t0

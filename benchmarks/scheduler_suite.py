@@ -36,14 +36,13 @@ from skippipe.planner.floors import free_allocation_floor
 from skippipe.planner.methods import make_plan
 from skippipe.planner.problem import build_problem
 from skippipe.viz import save_png
-from skippipe.workload import Workload
 
 METHODS = ("naive", "random", "skippipe-no-tc2", "skippipe")
 COLORS = {"naive": "#8C8C8C", "random": "#DD8452", "skippipe-no-tc2": "#4C72B0", "skippipe": "#55A868"}
 
 
 def run_case(case: SuiteCase, seed: int, methods: tuple[str, ...] = METHODS) -> dict:
-    problem = build_problem(case.cluster, Workload(num_stages=case.num_stages, path_length=case.path_length))
+    problem = build_problem(case.cluster, case.workload())
     floor = free_allocation_floor(problem)
     row = {"kind": case.kind, "cluster": case.cluster.name, "N": problem.n, "S": case.num_stages,
            "L": case.path_length, "floor": round(floor.value, 3), "floor_exhaustive": floor.exhaustive,

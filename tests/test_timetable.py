@@ -66,7 +66,7 @@ def test_a_timeline_places_an_operation_in_the_first_gap_that_fits_with_its_gap(
 def test_skippipe_keeps_a_timetable_that_leads_with_its_orders():
     # the suite's global uneven compute and memory cluster (30 nodes), where the timetable leads
     case = next(c for c in suite(0, largest=40) if c.kind == "global uneven+mem")
-    problem = build_problem(case.cluster, Workload(num_stages=case.num_stages, path_length=case.path_length))
+    problem = build_problem(case.cluster, case.workload())
     plan = plan_skippipe(problem, seed=0, budget=400)
     assert plan.meta["candidate"].startswith("timetable")
     assert plan_violations(plan) == []

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from skippipe.cluster import SETTING_NAMES, TABLE_NAMES, Cluster, location_matrices, network_tables, parse_preset
+from skippipe.workload import Workload
 
 EARTH_RADIUS_KM = 6371.0
 SAME_SITE_LATENCY_MS = 1.0
@@ -110,6 +111,10 @@ class SuiteCase:
     cluster: Cluster
     num_stages: int
     path_length: int
+
+    def workload(self) -> Workload:
+        """The case's workload: its stages and path length, the other fields at their defaults."""
+        return Workload(num_stages=self.num_stages, path_length=self.path_length)
 
 
 def _gcp_regions(n: int) -> Cluster:
