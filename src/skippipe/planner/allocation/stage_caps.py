@@ -51,10 +51,10 @@ def balance_stage_caps(problem: Problem, stages: list[list[int]]) -> list[list[i
     for i in range(len(nodes)):  # every node in one stage
         row(1, 1)[i * k:(i + 1) * k] = 1
     for s in later:  # every stage keeps its size, and its caps carry its visits
-        size = row(len(stages[s]), len(stages[s]))
-        size[[i * k + s - 1 for i in range(len(nodes))]] = 1
+        in_s = [i * k + s - 1 for i in range(len(nodes))]
+        row(len(stages[s]), len(stages[s]))[in_s] = 1
         carry = row(0, np.inf)
-        carry[[i * k + s - 1 for i in range(len(nodes))]] = [caps[x] for x in nodes]
+        carry[in_s] = [caps[x] for x in nodes]
         carry[[n_z + j for j, seq in enumerate(seqs) if s in seq]] = -1
     row(total, total)[n_z:] = 1
     cost = np.zeros(n_vars)
