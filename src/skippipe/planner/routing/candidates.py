@@ -110,8 +110,8 @@ def timetable_candidates(
     candidates in ``cands`` (``evaluators``: by ``id`` of the stages), unpaced and paced; then
     ``TIMETABLE_RESTARTS`` with a perturbed path choice on the allocation and variant that did
     best. Above ``TIMETABLE_SMALL`` nodes: only where compute is uneven (where it was seen to
-    help), on the best allocation only. The work is charged to ``limits`` beyond ``TIMETABLE_FREE_WORK`` units (all of it above
-    ``TIMETABLE_UNCHARGED`` nodes)."""
+    help), on the best allocation only. The work is charged to ``limits`` beyond
+    ``TIMETABLE_FREE_WORK`` units (all of it above ``TIMETABLE_UNCHARGED`` nodes)."""
     small = problem.n <= TIMETABLE_SMALL
     if problem.n > TIMETABLE_LARGEST or (not small and len(set(problem.forward_s.tolist())) <= 1):
         return []
