@@ -14,6 +14,7 @@ from skippipe.planfile import check_plan
 from skippipe.planner import methods
 from skippipe.planner.problem import build_problem
 from skippipe.planner.routing import decompose as D
+from skippipe.planner.routing.slow_links import SLOW_GAP
 from skippipe.sim import simulate
 from skippipe.workload import Workload
 
@@ -130,7 +131,7 @@ def test_islands_are_the_parts_only_trickling_links_join():
     assert len(parts) == 2 and sorted(x for p in parts for x in p) == list(range(30))
     inside = max(float(t[np.ix_(p, p)].max()) for p in parts)
     across = min(float(t[np.ix_(a, b)].min()) for a in parts for b in parts if a is not b)
-    assert across >= D.ISLAND_GAP * inside
+    assert across >= SLOW_GAP * inside
 
 
 def test_a_cluster_cut_in_two_is_planned_island_by_island():

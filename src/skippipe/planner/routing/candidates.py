@@ -14,7 +14,8 @@ from skippipe.planner.routing.data_nodes import MAX_NODES as DATA_NODES_MAX_NODE
 from skippipe.planner.routing.data_nodes import ROUTING_CHARGE, data_node_search
 from skippipe.planner.routing.evaluate import Evaluator, Route, Score
 from skippipe.planner.routing.search import SearchLimits
-from skippipe.planner.routing.sequences import stage_sequences
+from skippipe.planner.routing.sequences import RouteCosts, stage_sequences
+from skippipe.planner.routing.slow_links import slow_link_allocation, slow_link_cutoff, uses_slow_link
 from skippipe.planner.routing.timetable import LARGEST as TIMETABLE_LARGEST
 from skippipe.planner.routing.timetable import timetable_routes
 
@@ -96,6 +97,25 @@ def data_node_candidate(problem: Problem, cands: list[Candidate], limits: Search
     if found is None:
         return None
     return Candidate(f"data nodes ({start.name})", *found, balanced=True, searched_only_if_best=True)
+
+
+def slow_link_candidate(problem: Problem, cands: list[Candidate]) -> tuple[Candidate, Evaluator] | None:
+    """When the best candidate so far crosses a slow link (``routing.slow_links``): the cheapest
+    integer routing under the TC1 caps on an allocation searched to avoid such links, scored."""
+    cutoff = slow_link_cutoff(problem.transfer_s)
+    if cutoff is None:
+        return None
+    start = min(cands, key=lambda c: c.score.key())
+    if not uses_slow_link(problem.transfer_s, cutoff, start.routes):
+        return None
+    found = slow_link_allocation(problem, start.stages, stage_orders(problem, start.stages), cutoff)
+    if found is None:
+        return None
+    stages, paths = found
+    rc = RouteCosts.from_problem(problem)
+    routes = [(d, p) for d in stages[0] for p in sorted(paths[d], key=lambda p: -rc.round_trip(d, p))]
+    ev = Evaluator(problem, stages)
+    return Candidate(f"slow links ({start.name})", stages, routes, ev.score(routes)), ev
 
 
 def by_name(cands: list[Candidate], name: str) -> Candidate | None:

@@ -11,7 +11,7 @@ group's nodes, so the groups do not meet on any node and the merged plan's makes
 slowest group's.
 
 0. ``islands``: a cluster that only trickling links join (the sorted link costs jump by
-   ``ISLAND_GAP`` x or more, e.g. sites whose link to each other is broken) is split into the
+   ``slow_links.SLOW_GAP`` x or more, e.g. sites whose link to each other is broken) is split into the
    parts the other links join, at any size; each part is planned with the default search.
 1. Else, above ``DECOMPOSE_NODES`` nodes, ``locality_groups``: start from single nodes; the
    smallest group joins the group it is nearest to (mean hop seconds both ways) until every
@@ -43,13 +43,13 @@ from skippipe.cluster import Cluster
 from skippipe.planfile import Microbatch, Plan
 from skippipe.planner.problem import Problem
 from skippipe.planner.routing.schedule import plan_no_tc2, plan_skippipe, quickest
+from skippipe.planner.routing.slow_links import slow_link_cutoff
 from skippipe.sim import simulate
 
 DECOMPOSE_NODES = 200  # clusters above this many nodes get the candidate
 GROUP_NODES = 50  # a group holds at least this many nodes (and at least 5 per stage)
 GROUP_BUDGET = 600  # simulations of the search inside each group
 TIGHT = 1.25  # a group is one site: no hop inside it dearer than this x the cluster's cheapest hop
-ISLAND_GAP = 20.0  # links this many times dearer than every cheaper one are cut: what is left joined are islands
 
 
 def min_group_size(problem: Problem) -> int:
@@ -86,20 +86,15 @@ def locality_groups(transfer_s: np.ndarray, min_size: int) -> list[list[int]]:
 
 def islands(transfer_s: np.ndarray) -> list[list[int]]:
     """The parts of the cluster joined only by links far dearer than the rest: where the sorted
-    link costs (dearer way of each pair) jump by ``ISLAND_GAP`` x or more, the links above the
-    jump are cut and the connected components of the others returned (one part when there is
-    no such jump or nothing is cut off)."""
+    link costs (dearer way of each pair) jump by ``SLOW_GAP`` x or more, the links above the
+    jump (``slow_links.slow_link_cutoff``) are cut and the connected components of the others
+    returned (one part when there is no such jump or nothing is cut off)."""
     n = transfer_s.shape[0]
+    cutoff = slow_link_cutoff(transfer_s)
+    if cutoff is None:
+        return [list(range(n))]
     both = np.maximum(transfer_s, transfer_s.T)
-    off = ~np.eye(n, dtype=bool)
-    costs = np.unique(both[off])
-    if len(costs) < 2 or costs[0] <= 0:
-        return [list(range(n))]
-    jump = costs[1:] / costs[:-1]
-    k = int(np.argmax(jump))
-    if jump[k] < ISLAND_GAP:
-        return [list(range(n))]
-    count, label = connected_components(csr_matrix((both <= costs[k]) & off), directed=False)
+    count, label = connected_components(csr_matrix((both <= cutoff) & ~np.eye(n, dtype=bool)), directed=False)
     return [np.flatnonzero(label == c).tolist() for c in range(count)]
 
 

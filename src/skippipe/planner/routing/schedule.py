@@ -26,7 +26,10 @@ adds candidates built for the timeline:
    the best balanced-routed allocation with its latest data nodes exchanged for other nodes
    while the simulated balanced routing improves (``routing.data_nodes``; above 32 nodes a
    shortlist of partners, its routings charged to the search budget);
-6. timetable (up to 100 nodes, ``routing.timetable``): on the allocations of the best
+6. slow links (only when the best start so far crosses a link that only trickles,
+   ``routing.slow_links``): an allocation searched so that the TC1 caps can be kept over fast
+   links alone, with the cheapest integer routing on it;
+7. timetable (up to 100 nodes, ``routing.timetable``): on the allocations of the best
    candidates, every operation reserved on its node's timeline as the paths are chosen, so the
    paths come with processing orders that the simulator follows (unpaced and paced; up to 32
    nodes on two allocations and three more runs with a perturbed path choice, above that on
@@ -63,6 +66,7 @@ from skippipe.planner.routing.candidates import (
     by_name,
     data_node_candidate,
     memory_candidates,
+    slow_link_candidate,
     stage_orders,
     timetable_candidates,
 )
@@ -266,6 +270,10 @@ def plan_skippipe(
             evaluators[id(g_stages)] = g_ev
             routes = chain_routes(g_stages, g_chains, m)
             cands.append(Candidate("groups", g_stages, routes, g_ev.score(routes)))
+    slow = slow_link_candidate(problem, cands)
+    if slow is not None:
+        evaluators[id(slow[0].stages)] = slow[1]
+        cands.append(slow[0])
     cands += timetable_candidates(problem, cands, seed, evaluators, limits)
 
     # phase 1: each promising candidate (within 10 % of the best) descends on its paths with

@@ -1,0 +1,81 @@
+"""Does any allocation let a sweep case route over fast links alone? A proof by enumeration.
+
+For a case of ``scheduler_sweep`` with few nodes, every allocation of the nodes to the stage
+sizes is tried (stage 0 as a set, the other stages in order): the linear relaxation of the
+routing under the TC1 caps with slow links forbidden (``slow_links.min_cost_routing`` with
+``fast_only``). When it is infeasible for every allocation, every plan sends some microbatch
+over a slow link, once each way (activation and gradient), so no plan is faster than the
+cheapest slow link both ways: a floor the set-free floors cannot see.
+
+    python3 benchmarks/slow_link_proof.py --case 30
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import math
+import time
+
+import numpy as np
+from scheduler_sweep import case
+
+from skippipe.planner.methods import make_plan
+from skippipe.planner.problem import build_problem
+from skippipe.planner.routing.candidates import stage_orders
+from skippipe.planner.routing.slow_links import min_cost_routing, slow_link_cutoff
+
+MAX_ALLOCATIONS = 200_000
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--case", type=int, default=30)
+    args = ap.parse_args()
+    kind, cluster, workload = case(args.case)
+    problem = build_problem(cluster, workload)
+    sizes = list(problem.stage_sizes)
+    n = problem.n
+    cutoff = slow_link_cutoff(problem.transfer_s)
+    if cutoff is None:
+        raise SystemExit(f"case {args.case}: no slow links")
+    rest = n - sizes[0]
+    count = math.comb(n, sizes[0]) * math.factorial(rest) // math.prod(math.factorial(s) for s in sizes[1:])
+    if count > MAX_ALLOCATIONS:
+        raise SystemExit(f"case {args.case}: {count} allocations, more than {MAX_ALLOCATIONS} to enumerate")
+    seqs = stage_orders(problem, [[]] * len(sizes))
+    print(f"case {args.case} ({kind}, N={n}, S={len(sizes)}, L={workload.path_length}, sizes {sizes}): "
+          f"{count} allocations, slow links above {cutoff:.2f} s")
+    t0 = time.process_time()
+    tried = 0
+    for data in itertools.combinations(range(n), sizes[0]):
+        others = [x for x in range(n) if x not in data]
+        for order in _orderings(others, sizes[1:]):
+            stages = [list(data), *order]
+            tried += 1
+            if min_cost_routing(problem, stages, seqs, cutoff, integral=False, fast_only=True) is not None:
+                print(f"allocation {stages} routes over fast links alone ({tried} tried)")
+                return
+    t = np.asarray(problem.transfer_s, dtype=float)
+    both = t + t.T
+    slow = np.maximum(t, t.T) > cutoff
+    floor = float(both[slow].min())
+    plan = make_plan("skippipe", problem, seed=0)
+    print(f"no allocation of the {tried} routes over fast links alone ({time.process_time() - t0:.1f} s CPU): "
+          f"every plan crosses a slow link both ways, makespan >= {floor:.2f} s; "
+          f"skippipe {plan.predicted_makespan_s:.2f} s = {plan.predicted_makespan_s / floor:.3f} x that")
+
+
+def _orderings(nodes: list[int], sizes: list[int]):
+    """Every split of ``nodes`` into ordered groups of ``sizes`` (each group a sorted set)."""
+    if not sizes:
+        yield []
+        return
+    for first in itertools.combinations(nodes, sizes[0]):
+        left = [x for x in nodes if x not in first]
+        for tail in _orderings(left, sizes[1:]):
+            yield [list(first), *tail]
+
+
+if __name__ == "__main__":
+    main()

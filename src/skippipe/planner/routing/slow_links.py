@@ -1,0 +1,231 @@
+"""Routing around links that only trickle: a candidate of ``plan_skippipe``.
+
+A cluster whose sorted link costs jump by ``SLOW_GAP`` x or more has *slow links* (broken
+ones that only trickle): one hop over such a link can cost more than the rest of the iteration.
+When the cluster stays joined without them (else ``decompose.islands`` splits it), the TC1 caps
+still spread the visits over every node, and an allocation chosen for its stage-to-stage tour
+may leave the caps no way to route every microbatch over fast links alone.
+
+``min_cost_routing``: the cheapest static routing of an allocation under the TC1 caps, as an
+integer flow programme (HiGHS). Per data node d and valid stage order: one unit of flow per
+microbatch from d through one node of each stage of the order and back to d; an arc costs its
+two hops (activation forward, gradient back) and the compute of the node it enters; every
+node takes at most its cap of visits in all.
+
+``slow_link_allocation``: from an allocation whose cheapest routing uses a slow link, exchange
+the stages of two nodes, one of them at the end of a slow link in use, while the linear
+relaxation of that routing gets cheaper (data nodes' own compute included), until no slow link is
+in use or ``SWAP_EVALUATIONS`` relaxations were solved. The integer routing of the result is the
+candidate's start; the local search of ``plan_skippipe`` goes on from there. Deterministic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.optimize import Bounds, LinearConstraint, milp
+from scipy.sparse import coo_matrix
+
+from skippipe.planner.problem import Problem
+from skippipe.planner.routing.sequences import RouteCosts
+
+# the flow programme is built only up to this many arcs (about 0.1 s to solve)
+MAX_ARCS = 40_000
+# relaxations solved by the allocation search at most
+SWAP_EVALUATIONS = 400
+# an integer routing gets this long (seconds of HiGHS, a safety net: small ones take milliseconds)
+MILP_SECONDS = 10.0
+# links this many times dearer than every cheaper one are slow (cut apart into islands by
+# ``decompose.islands`` when the others leave the cluster in parts)
+SLOW_GAP = 20.0
+
+
+def slow_link_cutoff(transfer_s: np.ndarray) -> float | None:
+    """The dearest fast link: where the sorted link costs (dearer way of each pair) jump by
+    ``SLOW_GAP`` x or more, the cost below the jump; None when there is no such jump."""
+    n = transfer_s.shape[0]
+    both = np.maximum(transfer_s, transfer_s.T)
+    costs = np.unique(both[~np.eye(n, dtype=bool)])
+    if len(costs) < 2 or costs[0] <= 0:
+        return None
+    jump = costs[1:] / costs[:-1]
+    k = int(np.argmax(jump))
+    return float(costs[k]) if jump[k] >= SLOW_GAP else None
+
+
+@dataclass
+class _Arcs:
+    """The arcs of the flow programme: per arc its data node, layer, tail and head node."""
+
+    data: np.ndarray
+    layer: np.ndarray
+    tail: np.ndarray
+    head: np.ndarray
+    commodity: np.ndarray  # (data node, stage order) index
+    last: np.ndarray  # bool: the hop back to the data node
+
+
+@dataclass
+class Routing:
+    cost: float  # seconds of static round trips (hops both ways, compute of the visits)
+    paths: dict[int, list[tuple[int, ...]]] | None  # per data node (integer routings only)
+    slow_nodes: set[int]  # nodes at either end of a slow link the routing uses
+
+
+def min_cost_routing(
+    problem: Problem, stages: list[list[int]], seqs: tuple[tuple[int, ...], ...], cutoff: float | None,
+    integral: bool, fast_only: bool = False,
+) -> Routing | None:
+    """The cheapest routing of every data node's m microbatches under the TC1 caps (see the
+    module text); with ``fast_only`` over links no dearer than ``cutoff``. None when none
+    exists or the programme has more than ``MAX_ARCS`` arcs."""
+    m = problem.workload.microbatches_per_data_node
+    rc = RouteCosts.from_problem(problem)
+    caps = problem.load_caps(stages)
+    count = sum(_arc_count(d, seq, stages) for d in stages[0] for seq in seqs)
+    if count > MAX_ARCS or count == 0:
+        return None
+    arcs, rows, cols, lower, upper = _build(problem.n, stages, seqs, caps, m)
+    cost = rc.edge[arcs.tail, arcs.head] + np.where(arcs.last, 0.0, rc.node[arcs.head])
+    t = np.asarray(problem.transfer_s, dtype=float)
+    on_slow = np.maximum(t[arcs.tail, arcs.head], t[arcs.head, arcs.tail]) > (np.inf if cutoff is None else cutoff)
+    a = coo_matrix((cols[1], (rows, cols[0])), shape=(len(lower), count)).tocsr()
+    res = milp(c=cost, constraints=LinearConstraint(a, lower, upper), integrality=np.full(count, int(integral)),
+               bounds=Bounds(0, np.where(on_slow & fast_only, 0.0, float(m))), options={"time_limit": MILP_SECONDS})
+    if res.x is None or not res.success:
+        return None
+    flow = np.round(res.x) if integral else res.x
+    hops = (flow > 1e-6) & on_slow
+    slow = {int(x) for x in np.concatenate([arcs.tail[hops], arcs.head[hops]])}
+    paths = _decompose(arcs, flow.astype(int), len(seqs), stages[0]) if integral else None
+    return Routing(float(cost @ flow), paths, slow)
+
+
+def _arc_count(d: int, seq: tuple[int, ...], stages: list[list[int]]) -> int:
+    sizes = [1] + [len(stages[s]) for s in seq] + [1]
+    return sum(a * b for a, b in zip(sizes, sizes[1:]))
+
+
+def _build(
+    n: int, stages: list[list[int]], seqs: tuple[tuple[int, ...], ...], caps: list[int], m: int
+) -> tuple[_Arcs, np.ndarray, tuple[np.ndarray, np.ndarray], np.ndarray, np.ndarray]:
+    """Arcs and the constraint matrix in coordinates: rows = caps of the non-data nodes, then one
+    total per data node, then flow conservation per commodity, layer and node."""
+    parts: dict[str, list[np.ndarray]] = {k: [] for k in ("data", "layer", "tail", "head", "commodity", "last")}
+    rows: list[np.ndarray] = []
+    cols: list[np.ndarray] = []
+    signs: list[np.ndarray] = []
+    lower: list[float] = [-np.inf] * n
+    upper: list[float] = [float(c) for c in caps]
+    col = 0
+    for di, d in enumerate(stages[0]):
+        total_row = len(lower)
+        lower.append(float(m))
+        upper.append(float(m))
+        for si, seq in enumerate(seqs):
+            layers = [np.array([d])] + [np.asarray(stages[s]) for s in seq] + [np.array([d])]
+            base = len(lower)  # conservation rows of this commodity: per inner layer, per node
+            offsets = np.cumsum([0] + [len(x) for x in layers[1:-1]])
+            lower += [0.0] * int(offsets[-1])
+            upper += [0.0] * int(offsets[-1])
+            for k in range(len(layers) - 1):
+                tail = np.repeat(layers[k], len(layers[k + 1]))
+                head = np.tile(layers[k + 1], len(layers[k]))
+                ids = np.arange(col, col + len(tail))
+                col += len(tail)
+                last = k + 1 == len(layers) - 1
+                for key, val in (("data", np.full(len(ids), d)), ("layer", np.full(len(ids), k)), ("tail", tail),
+                                 ("head", head), ("commodity", np.full(len(ids), di * len(seqs) + si)),
+                                 ("last", np.full(len(ids), last))):
+                    parts[key].append(val)
+                if k == 0:
+                    rows.append(np.full(len(ids), total_row))
+                    cols.append(ids)
+                    signs.append(np.ones(len(ids)))
+                else:  # leaves the node of layer k
+                    pos = np.repeat(np.arange(len(layers[k])), len(layers[k + 1]))
+                    rows.append(base + offsets[k - 1] + pos)
+                    cols.append(ids)
+                    signs.append(-np.ones(len(ids)))
+                if not last:  # enters the node of layer k + 1: conservation and its cap
+                    pos = np.tile(np.arange(len(layers[k + 1])), len(layers[k]))
+                    rows += [base + offsets[k] + pos, head]
+                    cols += [ids, ids]
+                    signs += [np.ones(len(ids)), np.ones(len(ids))]
+    arcs = _Arcs(**{k: np.concatenate(v) for k, v in parts.items()})
+    return (arcs, np.concatenate(rows), (np.concatenate(cols), np.concatenate(signs)), np.array(lower),
+            np.array(upper))
+
+
+def _decompose(arcs: _Arcs, flow: np.ndarray, n_seqs: int, data_nodes: list[int]) -> dict[int, list[tuple[int, ...]]]:
+    """Integer flows read back as paths: per commodity, follow arcs with flow left from the
+    data node layer by layer."""
+    paths: dict[int, list[tuple[int, ...]]] = {int(d): [] for d in data_nodes}
+    left = flow.copy()
+    for c in np.unique(arcs.commodity[flow > 0]):
+        ids = np.flatnonzero(arcs.commodity == c)
+        d = int(arcs.data[ids[0]])
+        while True:
+            first = ids[(arcs.layer[ids] == 0) & (left[ids] > 0)]
+            if len(first) == 0:
+                break
+            path: list[int] = []
+            arc = int(first[0])
+            while not arcs.last[arc]:
+                left[arc] -= 1
+                path.append(int(arcs.head[arc]))
+                nxt = ids[(arcs.layer[ids] == arcs.layer[arc] + 1) & (arcs.tail[ids] == arcs.head[arc]) & (left[ids] > 0)]
+                arc = int(nxt[0])
+            left[arc] -= 1
+            paths[d].append(tuple(path))
+    return paths
+
+
+def slow_link_allocation(
+    problem: Problem, stages: list[list[int]], seqs: tuple[tuple[int, ...], ...], cutoff: float
+) -> tuple[list[list[int]], dict[int, list[tuple[int, ...]]]] | None:
+    """An allocation and an integer routing that use fewer slow links than ``stages`` (see the
+    module text); with a fixed allocation only the routing. None when nothing is won."""
+    own = RouteCosts.from_problem(problem).own * problem.workload.microbatches_per_data_node
+
+    def relaxed(st: list[list[int]]) -> tuple[float, set[int]]:
+        found = min_cost_routing(problem, st, seqs, cutoff, integral=False)
+        if found is None:
+            return np.inf, set()
+        return found.cost + float(own[st[0]].sum()), found.slow_nodes
+
+    best = [list(map(int, s)) for s in stages]
+    value, slow = relaxed(best)
+    evaluations = 1
+    while problem.fixed_stages is None and slow and evaluations < SWAP_EVALUATIONS:
+        where = {v: k for k, s in enumerate(best) for v in s}
+        # first the exchanges that move a node at the end of a slow link, then the others
+        firsts = sorted(slow) + [a for a in range(problem.n) if a not in slow]
+        moves = ((a, b) for i, a in enumerate(firsts) for b in firsts[i + 1:] if where[a] != where[b])
+        for a, b in moves:
+            if evaluations >= SWAP_EVALUATIONS:
+                break
+            cand = [list(s) for s in best]
+            cand[where[a]][cand[where[a]].index(a)] = b
+            cand[where[b]][cand[where[b]].index(b)] = a
+            v, s = relaxed(cand)
+            evaluations += 1
+            if v < value - 1e-9:
+                best, value, slow = cand, v, s
+                break
+        else:
+            break  # no exchange helps
+    routing = min_cost_routing(problem, best, seqs, cutoff, integral=True)
+    if routing is None or routing.paths is None:
+        return None
+    return best, routing.paths
+
+
+def uses_slow_link(transfer_s: np.ndarray, cutoff: float, routes: list[tuple[int, tuple[int, ...]]]) -> bool:
+    """Whether a round trip of ``routes`` crosses a link dearer than ``cutoff`` either way."""
+    for d, path in routes:
+        trip = [d, *path, d]
+        if any(max(transfer_s[a, b], transfer_s[b, a]) > cutoff for a, b in zip(trip, trip[1:])):
+            return True
+    return False

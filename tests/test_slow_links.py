@@ -1,0 +1,128 @@
+"""Routing around links that only trickle (``planner.routing.slow_links``)."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from skippipe.cluster_gen import random_global_cluster
+from skippipe.planfile import check_plan
+from skippipe.planner import methods
+from skippipe.planner.allocation import random_allocation
+from skippipe.planner.problem import Problem, build_problem
+from skippipe.planner.routing.candidates import stage_orders
+from skippipe.planner.routing.sequences import RouteCosts
+from skippipe.planner.routing.slow_links import (
+    min_cost_routing,
+    slow_link_allocation,
+    slow_link_cutoff,
+    uses_slow_link,
+)
+from skippipe.workload import Workload, least_max_jump
+
+
+def _problem(n: int, seed: int, stages: int, length: int, m: int, swaps: int = 0, memory: int = 1) -> Problem:
+    cluster = random_global_cluster(n, seed=seed, speed=(0.5, 2.0), memory=(memory, memory), broken=0.5)
+    workload = Workload(num_stages=stages, path_length=length, microbatches_per_data_node=m, n_layers=3 * stages,
+                        max_jump=max(least_max_jump(stages, length), 2), max_swaps=swaps)
+    return build_problem(cluster, workload)
+
+
+def _cheapest_by_brute_force(problem: Problem, stages: list[list[int]]) -> float:
+    """Every choice of m paths per data node (with repeats) that keeps the TC1 caps."""
+    seqs = stage_orders(problem, stages)
+    rc = RouteCosts.from_problem(problem)
+    caps = problem.load_caps(stages)
+    m = problem.workload.microbatches_per_data_node
+    choices = []
+    for d in stages[0]:
+        paths = [p for seq in seqs for p in itertools.product(*(stages[s] for s in seq))]
+        choices.append([(d, combo) for combo in itertools.combinations_with_replacement(paths, m)])
+    best = np.inf
+    for pick in itertools.product(*choices):
+        load = np.zeros(problem.n, dtype=int)
+        cost = 0.0
+        for d, combo in pick:
+            for p in combo:
+                load[list(p)] += 1
+                cost += rc.round_trip(d, p) - rc.own[d]
+        if all(load[x] <= caps[x] for s in stages[1:] for x in s):
+            best = min(best, cost)
+    return float(best)
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000), n=st.integers(5, 7), stages=st.integers(3, 4), length=st.integers(2, 3),
+       m=st.integers(1, 2), swaps=st.integers(0, 1))
+def test_the_integer_routing_is_the_cheapest_within_the_caps(seed, n, stages, length, m, swaps):
+    length = min(length, stages)
+    problem = _problem(n, seed, stages, length, m, swaps)
+    alloc = random_allocation(problem, np.random.default_rng(seed))
+    if len(alloc[0]) * m > 2 and len(alloc[0]) > 1:
+        m = 1  # keeps the brute force small: two data nodes route one microbatch each
+        problem = _problem(n, seed, stages, length, m, swaps)
+        alloc = random_allocation(problem, np.random.default_rng(seed))
+    seqs = stage_orders(problem, alloc)
+    cutoff = slow_link_cutoff(problem.transfer_s)
+    exact = min_cost_routing(problem, alloc, seqs, cutoff, integral=True)
+    brute = _cheapest_by_brute_force(problem, alloc)
+    if exact is None:
+        assert brute == np.inf
+        return
+    assert abs(exact.cost - brute) <= 1e-6 * max(1.0, brute)
+    relaxed = min_cost_routing(problem, alloc, seqs, cutoff, integral=False)
+    assert relaxed is not None and relaxed.cost <= exact.cost + 1e-6
+    # the paths read back from the flows: m valid paths per data node, caps kept, same cost
+    rc = RouteCosts.from_problem(problem)
+    caps = problem.load_caps(alloc)
+    load = np.zeros(problem.n, dtype=int)
+    stage_of = {x: k for k, s in enumerate(alloc) for x in s}
+    total = 0.0
+    for d in alloc[0]:
+        assert len(exact.paths[d]) == m
+        for p in exact.paths[d]:
+            assert tuple(stage_of[x] for x in p) in seqs
+            load[list(p)] += 1
+            total += rc.round_trip(d, p) - rc.own[d]
+    assert all(load[x] <= caps[x] for x in range(problem.n) if stage_of[x] > 0)
+    assert abs(total - exact.cost) <= 1e-6 * max(1.0, total)
+
+
+def test_slow_links_are_those_above_a_jump_in_the_link_costs():
+    t = np.array([[0, 1, 2, 100], [1, 0, 1.5, 2], [2, 1.5, 0, 1], [100, 2, 1, 0]], dtype=float)
+    assert slow_link_cutoff(t) == 2.0
+    assert uses_slow_link(t, 2.0, [(1, (3, 0))])  # the hop back from 0 to 3
+    assert not uses_slow_link(t, 2.0, [(0, (1, 2)), (1, (3, 2))])
+    assert slow_link_cutoff(np.array([[0, 1, 5], [1, 0, 2], [5, 2, 0]], dtype=float)) is None
+
+
+def test_the_allocation_search_leaves_the_slow_links_when_it_can():
+    # 11 nodes, one site each, half of the links broken, one slot per node, S = 9 (sweep case 15)
+    problem = _problem(11, seed=15, stages=9, length=4, m=4)
+    cutoff = slow_link_cutoff(problem.transfer_s)
+    assert cutoff is not None
+    seqs = stage_orders(problem, [[]] * 9)
+    rng = np.random.default_rng(0)
+    start = next(a for a in (random_allocation(problem, rng) for _ in range(50))
+                 if min_cost_routing(problem, a, seqs, cutoff, integral=False).slow_nodes)
+    stages, paths = slow_link_allocation(problem, start, seqs, cutoff)
+    assert [len(s) for s in stages] == [len(s) for s in start]
+    assert sorted(x for s in stages for x in s) == list(range(problem.n))
+    routes = [(d, p) for d in stages[0] for p in paths[d]]
+    assert len(routes) == len(stages[0]) * 4
+    assert not uses_slow_link(problem.transfer_s, cutoff, routes)
+    fast = min_cost_routing(problem, stages, seqs, cutoff, integral=True, fast_only=True)
+    assert fast is not None and not fast.slow_nodes
+
+
+def test_skippipe_plans_around_slow_links():
+    problem = _problem(11, seed=15, stages=9, length=4, m=4)
+    cutoff = slow_link_cutoff(problem.transfer_s)
+    plan = methods.make_plan("skippipe", problem, seed=0)
+    check_plan(plan)
+    routes = [(mb.data_node, tuple(mb.path)) for mb in plan.microbatches]
+    assert not uses_slow_link(problem.transfer_s, cutoff, routes)
+    assert plan.predicted_makespan_s < float(np.max(problem.transfer_s))  # less than one slow hop
