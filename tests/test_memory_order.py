@@ -4,21 +4,23 @@ and the slot-hold term of the balanced routing (``routing.balanced``)."""
 from __future__ import annotations
 
 from collections import Counter
+from unittest.mock import patch
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cluster_strategies import generated_problems
-from skippipe.cluster_gen import single_site_cluster
+from skippipe.cluster_gen import random_global_cluster, single_site_cluster
 from skippipe.planfile import Microbatch, plan_violations
-from skippipe.planner.allocation import allocate
+from skippipe.planner.allocation import allocate, memory_order, random_allocation
 from skippipe.planner.allocation.memory_order import KEYS, memory_ordered
 from skippipe.planner.methods import make_plan, with_allocation
 from skippipe.planner.problem import build_problem
 from skippipe.planner.routing.balanced import balanced_routes, slot_holds
 from skippipe.planner.routing.schedule import build_plan
-from skippipe.planner.routing.sequences import RouteCosts, stage_sequences
+from skippipe.planner.routing.sequences import RouteCosts, sequence_quotas, stage_cap_sums, stage_sequences
 from skippipe.sim import simulate
 from skippipe.workload import Workload
 
@@ -27,7 +29,8 @@ from skippipe.workload import Workload
 @given(generated_problems(), st.sampled_from(KEYS))
 def test_memory_ordered_keeps_data_nodes_and_sizes_and_sorts_by_its_key(problem, key):
     stages = allocate(problem, seed=0)
-    out = memory_ordered(problem, stages, key)
+    with patch.object(memory_order, "balance_stage_caps", lambda _problem, dealt: dealt):
+        out = memory_ordered(problem, stages, key)  # the dealing alone, before the cap repair
     if out is None:
         return
     assert sorted(out[0]) == sorted(stages[0])
@@ -37,6 +40,29 @@ def test_memory_ordered_keeps_data_nodes_and_sizes_and_sorts_by_its_key(problem,
     rank = (lambda x: float(mem[x]) * float(fwd[x])) if key == "per-visit" else (lambda x: int(mem[x]))
     for a, b in zip(out[1:], out[2:]):
         assert min(rank(x) for x in a) >= max(rank(x) for x in b)  # fewer slots (per visit) in later stages
+
+
+def _caps_carry(problem, stages) -> bool:
+    w = problem.workload
+    seqs = stage_sequences(len(stages), w.path_length, w.max_swaps, w.max_jump)
+    total = len(stages[0]) * w.microbatches_per_data_node
+    return sequence_quotas(seqs, stage_cap_sums(problem.load_caps(stages), stages), total) is not None
+
+
+@pytest.mark.parametrize("seed", [4, 6, 13])
+def test_a_memory_order_whose_caps_fall_short_is_dealt_again(seed):
+    # L = S: every microbatch visits every stage, and dealing by memory puts a stage of slow
+    # nodes where their caps cannot carry a visit per microbatch (found for these seeds)
+    cluster = random_global_cluster(20, seed=seed, speed=(0.5, 2.0), memory=(1, 2))
+    problem = build_problem(cluster, Workload(num_stages=5, path_length=5, microbatches_per_data_node=4, n_layers=15))
+    stages = random_allocation(problem, np.random.default_rng(seed))
+    assert _caps_carry(problem, stages)
+    with patch.object(memory_order, "balance_stage_caps", lambda _problem, dealt: dealt):
+        dealt = memory_ordered(problem, stages, "per-visit")
+    assert dealt is not None and not _caps_carry(problem, dealt)
+    out = memory_ordered(problem, stages, "per-visit")
+    assert _caps_carry(problem, out)
+    assert sorted(out[0]) == sorted(stages[0]) and [len(s) for s in out] == [len(s) for s in stages]
 
 
 def test_memory_ordered_leaves_uniform_memory_alone():

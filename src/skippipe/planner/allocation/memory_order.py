@@ -15,14 +15,16 @@ holds its slot shortly. Two keys (``KEYS``):
 - ``"slots"``: slots, most first; among nodes with as many slots the slower one first (it
   carries fewer visits, so it holds its slots less often).
 
-The network is not considered; every variant is scored by the simulator like every other
-candidate.
+Where the dealing leaves a stage whose TC1 caps cannot carry its visits, the fewest nodes are
+moved again (``stage_caps.balance_stage_caps``). The network is not considered; every variant
+is scored by the simulator like every other candidate.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from skippipe.planner.allocation.stage_caps import balance_stage_caps
 from skippipe.planner.problem import Problem
 
 KEYS = ("per-visit", "slots")
@@ -48,6 +50,7 @@ def memory_ordered(problem: Problem, stages: list[list[int]], key: str = "per-vi
     for s in stages[1:]:
         out.append(sorted(rest[start : start + len(s)]))
         start += len(s)
+    out = balance_stage_caps(problem, out)  # the caps must still carry every stage's visits
     if [sorted(int(x) for x in s) for s in stages] == out:
         return None
     return out
