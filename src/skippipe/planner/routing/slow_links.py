@@ -13,9 +13,9 @@ two hops (activation forward, gradient back) and the compute of the node it ente
 node takes at most its cap of visits in all.
 
 ``slow_link_allocation``: from an allocation whose cheapest routing uses a slow link, exchange
-the stages of two nodes, one of them at the end of a slow link in use, while the linear
-relaxation of that routing gets cheaper (data nodes' own compute included), until no slow link is
-in use or ``SWAP_EVALUATIONS`` relaxations were solved. The integer routing of the result is the
+the stages of two nodes (first those with a node at the end of a slow link in use) while the
+linear relaxation of that routing gets cheaper (data nodes' own compute included), until no
+slow link is in use, no exchange helps, or ``SWAP_WORK`` is spent. The integer routing of the result is the
 candidate's start; the local search of ``plan_skippipe`` goes on from there. Deterministic.
 """
 
@@ -30,11 +30,13 @@ from scipy.sparse import coo_matrix
 from skippipe.planner.problem import Problem
 from skippipe.planner.routing.sequences import RouteCosts
 
-# the flow programme is built only up to this many arcs (about 0.1 s to solve)
-MAX_ARCS = 40_000
-# relaxations solved by the allocation search at most
-SWAP_EVALUATIONS = 400
-# an integer routing gets this long (seconds of HiGHS, a safety net: small ones take milliseconds)
+# the flow programme is built only up to this many arcs (its relaxation about 0.25 s, the
+# integer programme about 1 s on one core; 30 nodes, S = 6, L = 4 has 8,320)
+MAX_ARCS = 10_000
+# the allocation search solves at most this many arcs' worth of relaxations (relaxations x arcs
+# per relaxation: about 3 s; sweep case 27, 24 nodes, needed 73 x 1,728)
+SWAP_WORK = 200_000
+# a safety net on HiGHS (seconds) for the integer routing: those above take at most a few
 MILP_SECONDS = 10.0
 # links this many times dearer than every cheaper one are slow (cut apart into islands by
 # ``decompose.islands`` when the others leave the cluster in parts)
@@ -83,7 +85,7 @@ def min_cost_routing(
     m = problem.workload.microbatches_per_data_node
     rc = RouteCosts.from_problem(problem)
     caps = problem.load_caps(stages)
-    count = sum(_arc_count(d, seq, stages) for d in stages[0] for seq in seqs)
+    count = sum(len(stages[0]) * _arc_count(seq, stages) for seq in seqs)
     if count > MAX_ARCS or count == 0:
         return None
     arcs, rows, cols, lower, upper = _build(problem.n, stages, seqs, caps, m)
@@ -102,7 +104,7 @@ def min_cost_routing(
     return Routing(float(cost @ flow), paths, slow)
 
 
-def _arc_count(d: int, seq: tuple[int, ...], stages: list[list[int]]) -> int:
+def _arc_count(seq: tuple[int, ...], stages: list[list[int]]) -> int:
     sizes = [1] + [len(stages[s]) for s in seq] + [1]
     return sum(a * b for a, b in zip(sizes, sizes[1:]))
 
@@ -198,13 +200,14 @@ def slow_link_allocation(
     best = [list(map(int, s)) for s in stages]
     value, slow = relaxed(best)
     evaluations = 1
-    while problem.fixed_stages is None and slow and evaluations < SWAP_EVALUATIONS:
+    most = max(1, SWAP_WORK // max(1, sum(len(best[0]) * _arc_count(seq, best) for seq in seqs)))
+    while problem.fixed_stages is None and slow and evaluations < most:
         where = {v: k for k, s in enumerate(best) for v in s}
         # first the exchanges that move a node at the end of a slow link, then the others
         firsts = sorted(slow) + [a for a in range(problem.n) if a not in slow]
         moves = ((a, b) for i, a in enumerate(firsts) for b in firsts[i + 1:] if where[a] != where[b])
         for a, b in moves:
-            if evaluations >= SWAP_EVALUATIONS:
+            if evaluations >= most:
                 break
             cand = [list(s) for s in best]
             cand[where[a]][cand[where[a]].index(a)] = b
