@@ -3,6 +3,7 @@ and the slot-hold term of the balanced routing (``routing.balanced``)."""
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from unittest.mock import patch
 
@@ -16,6 +17,7 @@ from skippipe.cluster_gen import random_global_cluster, single_site_cluster
 from skippipe.planfile import Microbatch, plan_violations
 from skippipe.planner.allocation import allocate, memory_order, random_allocation
 from skippipe.planner.allocation.memory_order import KEYS, memory_ordered
+from skippipe.planner.allocation.stage_caps import HOLD_GAP, hold_balanced_stages
 from skippipe.planner.methods import make_plan, with_allocation
 from skippipe.planner.problem import build_problem
 from skippipe.planner.routing.balanced import balanced_routes, slot_holds
@@ -118,3 +120,57 @@ def test_skippipe_on_uneven_memory_beats_the_given_allocation_alone():
     ours = make_plan("skippipe", problem, seed=0)
     fixed = make_plan("skippipe", with_allocation(problem, stages), seed=0)
     assert ours.predicted_makespan_s < fixed.predicted_makespan_s
+
+
+def _largest_hold_per_slot(problem, stages) -> float:
+    """max over nodes of cap x hold(stage) / slots, as ``hold_balanced_stages`` scores a dealing."""
+    w, cm = problem.workload, problem.cost_model
+    seqs = stage_sequences(len(stages), w.path_length, w.max_swaps, w.max_jump)
+    rest = [x for s in stages[1:] for x in s]
+    unit = float(np.median(problem.forward_s[rest])) * (1.0 + cm.backward_factor)
+    caps = problem.load_caps(stages)
+    worst = 0.0
+    for s in range(1, len(stages)):
+        through = [seq for seq in seqs if s in seq]
+        hold = unit * sum(len(seq) - seq.index(s) for seq in through) / max(1, len(through))
+        worst = max([worst] + [caps[x] * hold / max(1, int(problem.memory[x])) for x in stages[s]])
+    return worst
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(generated_problems(max_path=6))
+def test_the_hold_balanced_dealing_lowers_the_largest_hold_per_slot_and_keeps_the_caps(problem):
+    stages = allocate(problem, seed=0)
+    out = hold_balanced_stages(problem, stages)
+    if not _caps_carry(problem, stages):
+        return
+    assert out is not None  # the allocation itself is a feasible dealing
+    assert sorted(out[0]) == sorted(stages[0]) and [len(s) for s in out] == [len(s) for s in stages]
+    assert sorted(x for s in out for x in s) == list(range(problem.n))
+    assert _caps_carry(problem, out)
+    # optimal within the programme's relative gap, so never above the allocation it started from
+    assert _largest_hold_per_slot(problem, out) <= (1 + HOLD_GAP) * _largest_hold_per_slot(problem, stages) + 1e-9
+
+
+def _dealings(nodes: list[int], sizes: list[int]):
+    if not sizes:
+        yield []
+        return
+    for first in itertools.combinations(nodes, sizes[0]):
+        left = [x for x in nodes if x not in first]
+        for tail in _dealings(left, sizes[1:]):
+            yield [sorted(first), *tail]
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(generated_problems(stages=(3, 4), max_path=4, extra_nodes=2, max_nodes=9))
+def test_the_hold_balanced_dealing_is_the_best_dealing_by_brute_force(problem):
+    stages = allocate(problem, seed=0)
+    rest = [x for s in stages[1:] for x in s]
+    best = min((_largest_hold_per_slot(problem, [stages[0], *d]) for d in _dealings(rest, [len(s) for s in stages[1:]])
+                if _caps_carry(problem, [stages[0], *d])), default=None)
+    out = hold_balanced_stages(problem, stages)
+    if best is None:
+        assert out is None
+        return
+    assert out is not None and _largest_hold_per_slot(problem, out) <= (1 + HOLD_GAP) * best + 1e-9

@@ -13,9 +13,19 @@ how many microbatches take each valid stage order (``sequence_quotas``'s split),
 stage's cap sum carries its visits, moving as few nodes as it can. A feasible allocation is
 returned unchanged, and so is one that no dealing of these nodes can make feasible (routing then
 refuses it in one line).
+
+``hold_balanced_stages`` deals the same nodes by the same programme for another aim: memory.
+A visit holds one of its node's activation slots from its forward there to its backward, so for
+the rest of the path; a node whose TC1 cap is high and whose slots are few, early in the paths,
+serves its visits one at a time and holds up every microbatch behind them. The programme
+minimises the largest ``cap x hold(stage) / slots`` over the nodes, where ``hold(stage)`` is the
+mean number of visits from that stage to the end of a path (over the valid stage orders through
+it) times the median forward and backward of a visit; the caps must still carry the visits.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass, field
 
 import numpy as np
 from scipy.optimize import LinearConstraint, milp
@@ -23,48 +33,120 @@ from scipy.optimize import LinearConstraint, milp
 from skippipe.planner.problem import Problem
 from skippipe.planner.routing.sequences import sequence_quotas, stage_cap_sums, stage_sequences
 
+# the hold-balanced dealing stops at this relative gap to its optimum (HiGHS; deterministic)
+HOLD_GAP = 0.02
+# a safety net on either programme (seconds of HiGHS): the suite's take well under one
+SECONDS = 10.0
+
+
+@dataclass
+class _Dealing:
+    """Variables: y[i * k + (s - 1)] = node i of ``nodes`` in stage s; then per valid stage order
+    the microbatches on it; then ``extra`` more. Rows: every node in one stage, every stage its
+    size, every stage's caps carry its visits, the orders take every microbatch."""
+
+    stages: list[list[int]]
+    caps: list[int]
+    seqs: tuple[tuple[int, ...], ...]
+    total: int
+    extra: int
+    nodes: list[int] = field(init=False)
+    rows: list[np.ndarray] = field(default_factory=list)
+    lower: list[float] = field(default_factory=list)
+    upper: list[float] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.nodes = [x for s in self.stages[1:] for x in s]
+        k, n_y = self.k, self.n_y
+        for i in range(len(self.nodes)):
+            self.row(1, 1)[i * k:(i + 1) * k] = 1
+        for s in range(1, len(self.stages)):
+            in_s = [i * k + s - 1 for i in range(len(self.nodes))]
+            self.row(len(self.stages[s]), len(self.stages[s]))[in_s] = 1
+            carry = self.row(0, np.inf)
+            carry[in_s] = [self.caps[x] for x in self.nodes]
+            carry[[n_y + j for j, seq in enumerate(self.seqs) if s in seq]] = -1
+        self.row(self.total, self.total)[n_y:n_y + len(self.seqs)] = 1
+
+    @property
+    def k(self) -> int:
+        return len(self.stages) - 1
+
+    @property
+    def n_y(self) -> int:
+        return len(self.nodes) * self.k
+
+    @property
+    def n_vars(self) -> int:
+        return self.n_y + len(self.seqs) + self.extra
+
+    def row(self, lo: float, hi: float) -> np.ndarray:
+        r = np.zeros(self.n_vars)
+        self.rows.append(r)
+        self.lower.append(lo)
+        self.upper.append(hi)
+        return r
+
+    def solve(self, cost: np.ndarray, gap: float | None = None) -> list[list[int]] | None:
+        """The dealing that minimises ``cost`` (extra variables continuous, at least 0) within the
+        relative ``gap`` of the optimum (HiGHS's default when None), or None."""
+        integrality = np.concatenate([np.ones(self.n_y + len(self.seqs)), np.zeros(self.extra)])
+        upper = np.concatenate([np.ones(self.n_y), np.full(len(self.seqs), self.total), np.full(self.extra, np.inf)])
+        res = milp(c=cost, constraints=LinearConstraint(np.array(self.rows), self.lower, self.upper),
+                   integrality=integrality, bounds=(np.zeros(self.n_vars), upper),
+                   options={"time_limit": SECONDS} if gap is None else {"time_limit": SECONDS, "mip_rel_gap": gap})
+        if res.x is None:
+            return None
+        y = np.round(res.x[:self.n_y]).reshape(len(self.nodes), self.k)
+        out = [sorted(self.stages[0])] + [
+            sorted(x for i, x in enumerate(self.nodes) if y[i, s - 1] > 0.5) for s in range(1, len(self.stages))
+        ]
+        return out if all(len(a) == len(b) for a, b in zip(out, self.stages)) else None
+
+
+def _dealing(problem: Problem, stages: list[list[int]], extra: int = 0) -> _Dealing | None:
+    """The dealing programme of ``stages``; None when there is nothing to deal."""
+    w = problem.workload
+    seqs = stage_sequences(len(stages), w.path_length, w.max_swaps, w.max_jump)
+    if not seqs or len(stages) < 3:
+        return None
+    return _Dealing(stages, problem.load_caps(stages), seqs, len(stages[0]) * w.microbatches_per_data_node, extra)
+
 
 def balance_stage_caps(problem: Problem, stages: list[list[int]]) -> list[list[int]]:
     """``stages`` with nodes of stages 1..S-1 dealt again, fewest moved, so that the TC1 caps
     admit a routing (see the module text)."""
-    w = problem.workload
-    seqs = stage_sequences(len(stages), w.path_length, w.max_swaps, w.max_jump)
-    total = len(stages[0]) * w.microbatches_per_data_node
-    caps = problem.load_caps(stages)
-    if not seqs or len(stages) < 3 or sequence_quotas(seqs, stage_cap_sums(caps, stages), total) is not None:
+    deal = _dealing(problem, stages)
+    if deal is None or sequence_quotas(deal.seqs, stage_cap_sums(deal.caps, stages), deal.total) is not None:
         return stages
-    later = range(1, len(stages))
-    nodes = [x for s in later for x in stages[s]]
-    k, n_z = len(later), len(nodes) * len(later)
-    n_vars = n_z + len(seqs)  # z[i * k + (s - 1)]: node i in stage s; then q[j]: microbatches on order j
-    rows: list[np.ndarray] = []
-    lower: list[float] = []
-    upper: list[float] = []
+    cost = np.zeros(deal.n_vars)
+    home = {x: s for s in range(1, len(stages)) for x in stages[s]}
+    cost[[i * deal.k + home[x] - 1 for i, x in enumerate(deal.nodes)]] = -1  # keep nodes where they are
+    return deal.solve(cost) or stages
 
-    def row(lo: float, hi: float) -> np.ndarray:
-        r = np.zeros(n_vars)
-        rows.append(r)
-        lower.append(lo)
-        upper.append(hi)
-        return r
 
-    for i in range(len(nodes)):  # every node in one stage
-        row(1, 1)[i * k:(i + 1) * k] = 1
-    for s in later:  # every stage keeps its size, and its caps carry its visits
-        in_s = [i * k + s - 1 for i in range(len(nodes))]
-        row(len(stages[s]), len(stages[s]))[in_s] = 1
-        carry = row(0, np.inf)
-        carry[in_s] = [caps[x] for x in nodes]
-        carry[[n_z + j for j, seq in enumerate(seqs) if s in seq]] = -1
-    row(total, total)[n_z:] = 1
-    cost = np.zeros(n_vars)
-    home = {x: s for s in later for x in stages[s]}
-    cost[[i * k + home[x] - 1 for i, x in enumerate(nodes)]] = -1  # keep nodes where they are
-    upper_bounds = np.concatenate([np.ones(n_z), np.full(len(seqs), total)])
-    res = milp(c=cost, constraints=LinearConstraint(np.array(rows), lower, upper), integrality=np.ones(n_vars),
-               bounds=(np.zeros(n_vars), upper_bounds), options={"time_limit": 10.0})
-    if res.x is None:
-        return stages
-    z = np.round(res.x[:n_z]).reshape(len(nodes), k)
-    out = [sorted(stages[0])] + [sorted(x for i, x in enumerate(nodes) if z[i, s - 1] > 0.5) for s in later]
-    return out if all(len(a) == len(b) for a, b in zip(out, stages)) else stages
+def hold_balanced_stages(problem: Problem, stages: list[list[int]]) -> list[list[int]] | None:
+    """The nodes of stages 1..S-1 dealt so that the largest slot hold per slot is least (see the
+    module text); None when no dealing lets the caps carry the visits."""
+    deal = _dealing(problem, stages, extra=1)
+    if deal is None:
+        return None
+    cm = problem.cost_model
+    forward = np.asarray(problem.forward_s, dtype=float)
+    unit = float(np.median(forward[deal.nodes])) * (1.0 + cm.backward_factor)
+    after, through = np.zeros(len(stages)), np.zeros(len(stages))
+    for seq in deal.seqs:
+        for i, s in enumerate(seq):
+            after[s] += len(seq) - i
+            through[s] += 1
+    hold = unit * after / np.maximum(through, 1)
+    slots = np.maximum(1.0, np.asarray(problem.memory, dtype=float))
+    z = deal.n_vars - 1
+    for i, x in enumerate(deal.nodes):  # z >= cap x hold / slots of every node where it is dealt
+        for s in range(1, len(stages)):
+            r = deal.row(0, np.inf)
+            r[z] = 1
+            r[i * deal.k + s - 1] = -deal.caps[x] * hold[s] / slots[x]
+    cost = np.zeros(deal.n_vars)
+    cost[z] = 1
+    return deal.solve(cost, HOLD_GAP)

@@ -4,6 +4,7 @@ joint-allocation ones: memory order, data-node exchanges and timetables (see ``r
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from skippipe.errors import UserError
@@ -60,12 +61,18 @@ def stage_orders(problem: Problem, stages: list[list[int]]) -> tuple[tuple[int, 
     return seqs
 
 
-def memory_candidates(problem: Problem, stages: list[list[int]]) -> list[tuple[Candidate, Evaluator]]:
+def memory_candidates(
+    problem: Problem, stages: list[list[int]], static: Callable[[list[list[int]]], list[Route]]
+) -> list[tuple[Candidate, Evaluator]]:
     """Balanced routings on the memory-ordered variants of the allocation
-    (``allocation.memory_order``), when the cluster fixes no allocation and memory is uneven."""
+    (``allocation.memory_order``) and on its hold-balanced dealing
+    (``stage_caps.hold_balanced_stages``; routed by ``static`` when the balanced routing finds
+    no path under the caps, and searched only as the best start), when the cluster fixes no
+    allocation and memory is uneven."""
     if problem.fixed_stages is not None:
         return []
     from skippipe.planner.allocation.memory_order import KEYS, memory_ordered
+    from skippipe.planner.allocation.stage_caps import hold_balanced_stages
 
     out: list[tuple[Candidate, Evaluator]] = []
     for key in KEYS:
@@ -76,6 +83,21 @@ def memory_candidates(problem: Problem, stages: list[list[int]]) -> list[tuple[C
         found = balanced_candidate(problem, mem_stages, problem.load_caps(mem_stages), stage_orders(problem, mem_stages), ev)
         if found is not None:
             out.append((Candidate(f"memory-order ({key})", mem_stages, *found, balanced=True), ev))
+    rest = [x for s in stages[1:] for x in s]
+    if len({int(problem.memory[x]) for x in rest}) <= 1:
+        return out
+    held = hold_balanced_stages(problem, stages)
+    if held is None or held == stages or any(held == c.stages for c, _ in out):
+        return out
+    ev = Evaluator(problem, held)
+    found = balanced_candidate(problem, held, problem.load_caps(held), stage_orders(problem, held), ev)
+    if found is None:
+        try:
+            routes = static(held)
+        except UserError:
+            return out
+        found = (routes, ev.score(routes))
+    out.append((Candidate("hold-balanced", held, *found, balanced=True, searched_only_if_best=True), ev))
     return out
 
 

@@ -21,7 +21,8 @@ adds candidates built for the timeline:
 4. memory order (only when the cluster fixes no allocation and memory is uneven): the
    balanced routing on the allocation with its non-data nodes dealt to the stages by memory
    (``allocation.memory_order``: nodes with few slots late in the paths, where a visit holds
-   its slot shortly);
+   its slot shortly), and on the hold-balanced dealing (``stage_caps.hold_balanced_stages``:
+   least largest slot hold per slot; searched only as the best start);
 5. data-node exchanges (only when the cluster fixes no allocation, compute is uneven and N <= 100):
    the best balanced-routed allocation with its latest data nodes exchanged for other nodes
    while the simulated balanced routing improves (``routing.data_nodes``; above 32 nodes a
@@ -255,7 +256,7 @@ def plan_skippipe(
     if balanced is not None:
         cands.append(Candidate("balanced", stages, *balanced, balanced=True, searched_only_if_best=True))
     evaluators = {id(stages): ev}
-    for mem_cand, mem_ev in memory_candidates(problem, stages):
+    for mem_cand, mem_ev in memory_candidates(problem, stages, lambda st: static_routes(problem, st)):
         evaluators[id(mem_cand.stages)] = mem_ev
         cands.append(mem_cand)
     dn_cand = data_node_candidate(problem, cands, limits)
