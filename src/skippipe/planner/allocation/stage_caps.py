@@ -125,21 +125,36 @@ def balance_stage_caps(problem: Problem, stages: list[list[int]]) -> list[list[i
     return deal.solve(cost) or stages
 
 
+def _stage_holds(problem: Problem, stages: list[list[int]], seqs: tuple[tuple[int, ...], ...]) -> np.ndarray:
+    """Per stage the seconds a visit there holds its slot at least, as the module text says."""
+    forward = np.asarray(problem.forward_s, dtype=float)
+    rest = [x for s in stages[1:] for x in s]
+    unit = float(np.median(forward[rest])) * (1.0 + problem.cost_model.backward_factor)
+    after, through = np.zeros(len(stages)), np.zeros(len(stages))
+    for seq in seqs:
+        for i, s in enumerate(seq):
+            after[s] += len(seq) - i
+            through[s] += 1
+    return unit * after / np.maximum(through, 1)
+
+
+def largest_hold_per_slot(problem: Problem, stages: list[list[int]]) -> float:
+    """max over the nodes of stages 1..S-1 of cap x hold(stage) / slots (see the module text)."""
+    w = problem.workload
+    seqs = stage_sequences(len(stages), w.path_length, w.max_swaps, w.max_jump)
+    hold = _stage_holds(problem, stages, seqs)
+    caps = problem.load_caps(stages)
+    slots = np.maximum(1.0, np.asarray(problem.memory, dtype=float))
+    return max((caps[x] * hold[s] / slots[x] for s in range(1, len(stages)) for x in stages[s]), default=0.0)
+
+
 def hold_balanced_stages(problem: Problem, stages: list[list[int]]) -> list[list[int]] | None:
     """The nodes of stages 1..S-1 dealt so that the largest slot hold per slot is least (see the
     module text); None when no dealing lets the caps carry the visits."""
     deal = _dealing(problem, stages, extra=1)
     if deal is None:
         return None
-    cm = problem.cost_model
-    forward = np.asarray(problem.forward_s, dtype=float)
-    unit = float(np.median(forward[deal.nodes])) * (1.0 + cm.backward_factor)
-    after, through = np.zeros(len(stages)), np.zeros(len(stages))
-    for seq in deal.seqs:
-        for i, s in enumerate(seq):
-            after[s] += len(seq) - i
-            through[s] += 1
-    hold = unit * after / np.maximum(through, 1)
+    hold = _stage_holds(problem, stages, deal.seqs)
     slots = np.maximum(1.0, np.asarray(problem.memory, dtype=float))
     z = deal.n_vars - 1
     for i, x in enumerate(deal.nodes):  # z >= cap x hold / slots of every node where it is dealt

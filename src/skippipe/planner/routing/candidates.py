@@ -36,6 +36,10 @@ TIMETABLE_FREE_WORK = 300_000
 # about 1 us and 3 ms at 100 nodes, so 30 per node above
 TIMETABLE_WORK_PER_NODE_SMALL = 10
 TIMETABLE_WORK_PER_NODE = 30
+# the hold-balanced dealing is a candidate only when its largest slot hold per slot is at most
+# this x the best of the allocation and its memory orders (sweep case 16: 0.385, case 25: 0.714;
+# the suite's clusters 0.98-1.02, where it only moved the search)
+HOLD_GAIN = 0.8
 # how much a restart may perturb a path's end time when choosing (a factor up to 1 + this)
 TIMETABLE_NOISE = 0.1
 
@@ -66,13 +70,14 @@ def memory_candidates(
 ) -> list[tuple[Candidate, Evaluator]]:
     """Balanced routings on the memory-ordered variants of the allocation
     (``allocation.memory_order``) and on its hold-balanced dealing
-    (``stage_caps.hold_balanced_stages``; routed by ``static`` when the balanced routing finds
-    no path under the caps, and searched only as the best start), when the cluster fixes no
-    allocation and memory is uneven."""
+    (``stage_caps.hold_balanced_stages``, only when its largest hold per slot is at most
+    ``HOLD_GAIN`` x that of the allocation and of its memory orders; routed by ``static`` when
+    the balanced routing finds no path under the caps, and searched only as the best start),
+    when the cluster fixes no allocation and memory is uneven."""
     if problem.fixed_stages is not None:
         return []
     from skippipe.planner.allocation.memory_order import KEYS, memory_ordered
-    from skippipe.planner.allocation.stage_caps import hold_balanced_stages
+    from skippipe.planner.allocation.stage_caps import hold_balanced_stages, largest_hold_per_slot
 
     out: list[tuple[Candidate, Evaluator]] = []
     for key in KEYS:
@@ -89,6 +94,9 @@ def memory_candidates(
     held = hold_balanced_stages(problem, stages)
     if held is None or held == stages or any(held == c.stages for c, _ in out):
         return out
+    dealt = [stages] + [d for d in (memory_ordered(problem, stages, key) for key in KEYS) if d is not None]
+    if largest_hold_per_slot(problem, held) > HOLD_GAIN * min(largest_hold_per_slot(problem, d) for d in dealt):
+        return out  # the memory orders balance the holds about as well
     ev = Evaluator(problem, held)
     found = balanced_candidate(problem, held, problem.load_caps(held), stage_orders(problem, held), ev)
     if found is None:
