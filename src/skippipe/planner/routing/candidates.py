@@ -40,6 +40,8 @@ TIMETABLE_WORK_PER_NODE = 30
 # this x the best of the allocation and its memory orders (sweep case 16: 0.385, case 25: 0.714;
 # the suite's clusters 0.98-1.02, where it only moved the search)
 HOLD_GAIN = 0.8
+# and only up to this many nodes (its programme took 1.1 s at 116 nodes and 8.7 s at 1,000)
+HOLD_LARGEST = 200
 # how much a restart may perturb a path's end time when choosing (a factor up to 1 + this)
 TIMETABLE_NOISE = 0.1
 
@@ -70,8 +72,9 @@ def memory_candidates(
 ) -> list[tuple[Candidate, Evaluator]]:
     """Balanced routings on the memory-ordered variants of the allocation
     (``allocation.memory_order``) and on its hold-balanced dealing
-    (``stage_caps.hold_balanced_stages``, only when its largest hold per slot is at most
-    ``HOLD_GAIN`` x that of the allocation and of its memory orders; routed by ``static`` when
+    (``stage_caps.hold_balanced_stages``, up to ``HOLD_LARGEST`` nodes and only when its largest
+    hold per slot is at most ``HOLD_GAIN`` x that of the allocation and of its memory orders;
+    routed by ``static`` when
     the balanced routing finds no path under the caps, and searched only as the best start),
     when the cluster fixes no allocation and memory is uneven."""
     if problem.fixed_stages is not None:
@@ -80,8 +83,8 @@ def memory_candidates(
     from skippipe.planner.allocation.stage_caps import hold_balanced_stages, largest_hold_per_slot
 
     out: list[tuple[Candidate, Evaluator]] = []
-    for key in KEYS:
-        mem_stages = memory_ordered(problem, stages, key)
+    dealt = {key: memory_ordered(problem, stages, key) for key in KEYS}
+    for key, mem_stages in dealt.items():
         if mem_stages is None or any(mem_stages == c.stages for c, _ in out):
             continue
         ev = Evaluator(problem, mem_stages)
@@ -89,13 +92,13 @@ def memory_candidates(
         if found is not None:
             out.append((Candidate(f"memory-order ({key})", mem_stages, *found, balanced=True), ev))
     rest = [x for s in stages[1:] for x in s]
-    if len({int(problem.memory[x]) for x in rest}) <= 1:
+    if problem.n > HOLD_LARGEST or len({int(problem.memory[x]) for x in rest}) <= 1:
         return out
     held = hold_balanced_stages(problem, stages)
     if held is None or held == stages or any(held == c.stages for c, _ in out):
         return out
-    dealt = [stages] + [d for d in (memory_ordered(problem, stages, key) for key in KEYS) if d is not None]
-    if largest_hold_per_slot(problem, held) > HOLD_GAIN * min(largest_hold_per_slot(problem, d) for d in dealt):
+    others = [stages] + [d for d in dealt.values() if d is not None]
+    if largest_hold_per_slot(problem, held) > HOLD_GAIN * min(largest_hold_per_slot(problem, d) for d in others):
         return out  # the memory orders balance the holds about as well
     ev = Evaluator(problem, held)
     found = balanced_candidate(problem, held, problem.load_caps(held), stage_orders(problem, held), ev)
@@ -105,7 +108,7 @@ def memory_candidates(
         except UserError:
             return out
         found = (routes, ev.score(routes))
-    out.append((Candidate("hold-balanced", held, *found, balanced=True, searched_only_if_best=True), ev))
+    out.append((Candidate("hold-balanced", held, *found, searched_only_if_best=True), ev))
     return out
 
 
