@@ -74,9 +74,8 @@ def memory_candidates(
     (``allocation.memory_order``) and on its hold-balanced dealing
     (``stage_caps.hold_balanced_stages``, up to ``HOLD_LARGEST`` nodes and only when its largest
     hold per slot is at most ``HOLD_GAIN`` x that of the allocation and of its memory orders;
-    routed by ``static`` when
-    the balanced routing finds no path under the caps, and searched only as the best start),
-    when the cluster fixes no allocation and memory is uneven."""
+    routed by ``static`` when the balanced routing finds no path under the caps, and searched
+    only as the best start), when the cluster fixes no allocation and memory is uneven."""
     if problem.fixed_stages is not None:
         return []
     from skippipe.planner.allocation.memory_order import KEYS, memory_ordered
