@@ -258,3 +258,20 @@ def test_stages_of_slow_nodes_are_dealt_again_until_the_tc1_caps_carry_every_vis
         assert sequence_quotas(seqs, stage_cap_sums(caps, fixed), total) is not None
     else:
         assert fixed == stages
+
+
+def test_a_tc1_refusal_names_the_short_stages_and_their_fix():
+    # 8 even nodes, L = S = 5: the default sizes 2,2,2,1,1 give every non-data node a cap of 10
+    # visits, and a one-node stage cannot take the 14 microbatches that all pass it
+    from skippipe.errors import UserError
+    from skippipe.planner.methods import make_plan
+
+    cluster = cluster_from_dict({"transfer_s": np.full((8, 8), 0.4).tolist(), "forward_s": [1.0] * 8})
+    workload = Workload(num_stages=5, path_length=5, microbatches_per_data_node=7, n_layers=10)
+    with pytest.raises(UserError) as refused:
+        make_plan("skippipe", build_problem(cluster, workload))
+    message = str(refused.value)
+    assert "[20, 20, 10, 10]" in message and "give stage(s) 3, 4 more nodes" in message and "\n" not in message
+    # the fix it names: stages 3 and 4 get as many nodes as the others (here one each, with 4 data nodes)
+    fixed = Workload(num_stages=5, path_length=5, microbatches_per_data_node=7, n_layers=10, stage_sizes=[4, 1, 1, 1, 1])
+    assert make_plan("skippipe", build_problem(cluster, fixed)).predicted_makespan_s > 0

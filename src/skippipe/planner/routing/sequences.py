@@ -237,9 +237,12 @@ def stage_cap_sums(caps: list[int], stages: list[list[int]]) -> list[int]:
 
 def tc1_refusal(caps: list[int], stages: list[list[int]], microbatches: int, path_length: int) -> UserError:
     """The one-line refusal when the stages' TC1 caps admit no routing of ``microbatches``."""
+    sums = stage_cap_sums(caps, stages)[1:]
+    short = [s + 1 for s, x in enumerate(sums) if x == min(sums)]
     return UserError(
-        f"no routing respects the per-node load caps (TC1): the stages can take {stage_cap_sums(caps, stages)[1:]} "
-        f"visits, too few for {microbatches} microbatches on paths of {path_length} stages"
+        f"no routing respects the per-node load caps (TC1): the stages can take {sums} "
+        f"visits, too few for {microbatches} microbatches on paths of {path_length} stages; give stage(s) "
+        f"{', '.join(map(str, short))} more nodes (workload stage_sizes, --stage-sizes) or use a shorter path_length"
     )
 
 
