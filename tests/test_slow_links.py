@@ -126,3 +126,4 @@ def test_skippipe_plans_around_slow_links():
     routes = [(mb.data_node, tuple(mb.path)) for mb in plan.microbatches]
     assert not uses_slow_link(problem.transfer_s, cutoff, routes)
     assert plan.predicted_makespan_s < float(np.max(problem.transfer_s))  # less than one slow hop
+

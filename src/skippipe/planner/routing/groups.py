@@ -201,6 +201,10 @@ def stage_windows(sizes: list[int], groups: int) -> list[list[int]] | None:
     return out
 
 
+# chains of this many nodes or more (5,040 orders) are tried one way round only
+HALF_PERMS_FROM = 7
+
+
 class _GroupSearch:
     """Groups of size L (data node first, then its chain in visiting order)."""
 
@@ -208,10 +212,24 @@ class _GroupSearch:
         self.gc = gc
         self.eligible = eligible
         self.size = size
-        self.perms = np.array(list(itertools.permutations(range(size - 1))), dtype=int)
+        perms = np.array(list(itertools.permutations(range(size - 1))), dtype=int)
+        if size - 1 >= HALF_PERMS_FROM:
+            # a chain and its reverse make the same round trip (hops counted both ways): keep the
+            # one that starts lower, which is also the first of the two in this order
+            perms = perms[perms[:, 0] < perms[:, -1]]
+        self.perms = perms
+        self.known: dict[tuple[int, ...], tuple[float, list[int]]] = {}
 
     def best(self, nodes: list[int]) -> tuple[float, list[int]]:
-        """Best role split of one group: (estimate, [data node, chain...])."""
+        """Best role split of one group: (estimate, [data node, chain...]); remembered by the
+        members in the order given (the swaps of the search meet the same groups again)."""
+        key = tuple(int(x) for x in nodes)
+        if key not in self.known:
+            self.known[key] = self._best(nodes)
+        value, members = self.known[key]
+        return value, list(members)
+
+    def _best(self, nodes: list[int]) -> tuple[float, list[int]]:
         gc = self.gc
         best: tuple[float, list[int]] = (math.inf, list(nodes))
         arr = np.asarray(nodes, dtype=int)
