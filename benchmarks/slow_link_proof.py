@@ -23,7 +23,7 @@ from scheduler_sweep import case
 from skippipe.planner.methods import make_plan
 from skippipe.planner.problem import build_problem
 from skippipe.planner.routing.candidates import stage_orders
-from skippipe.planner.routing.slow_links import min_cost_routing, slow_link_cutoff
+from skippipe.planner.routing.slow_links import min_cost_routing, slow_link_cutoff, slow_link_mask
 
 MAX_ALLOCATIONS = 200_000
 
@@ -36,8 +36,8 @@ def main() -> None:
     problem = build_problem(cluster, workload)
     sizes = list(problem.stage_sizes)
     n = problem.n
-    cutoff = slow_link_cutoff(problem.transfer_s)
-    if cutoff is None:
+    cutoff, slow = slow_link_cutoff(problem.transfer_s), slow_link_mask(problem.transfer_s)
+    if cutoff is None or slow is None:
         raise SystemExit(f"case {args.case}: no slow links")
     rest = n - sizes[0]
     count = math.comb(n, sizes[0]) * math.factorial(rest) // math.prod(math.factorial(s) for s in sizes[1:])
@@ -53,13 +53,11 @@ def main() -> None:
         for order in _orderings(others, sizes[1:]):
             stages = [list(data), *order]
             tried += 1
-            if min_cost_routing(problem, stages, seqs, cutoff, integral=False, fast_only=True) is not None:
+            if min_cost_routing(problem, stages, seqs, slow, integral=False, fast_only=True) is not None:
                 print(f"allocation {stages} routes over fast links alone ({tried} tried)")
                 return
     t = np.asarray(problem.transfer_s, dtype=float)
-    both = t + t.T
-    slow = np.maximum(t, t.T) > cutoff
-    floor = float(both[slow].min())
+    floor = float((t + t.T)[slow].min())
     plan = make_plan("skippipe", problem, seed=0)
     print(f"no allocation of the {tried} routes over fast links alone ({time.process_time() - t0:.1f} s CPU): "
           f"every plan crosses a slow link both ways, makespan >= {floor:.2f} s; "

@@ -19,6 +19,7 @@ from skippipe.planner.routing.slow_links import (
     min_cost_routing,
     slow_link_allocation,
     slow_link_cutoff,
+    slow_link_mask,
     uses_slow_link,
 )
 from skippipe.workload import Workload, least_max_jump
@@ -66,14 +67,14 @@ def test_the_integer_routing_is_the_cheapest_within_the_caps(seed, n, stages, le
         problem = _problem(n, seed, stages, length, m, swaps)
         alloc = random_allocation(problem, np.random.default_rng(seed))
     seqs = stage_orders(problem, alloc)
-    cutoff = slow_link_cutoff(problem.transfer_s)
-    exact = min_cost_routing(problem, alloc, seqs, cutoff, integral=True)
+    slow = slow_link_mask(problem.transfer_s)
+    exact = min_cost_routing(problem, alloc, seqs, slow, integral=True)
     brute = _cheapest_by_brute_force(problem, alloc)
     if exact is None:
         assert brute == np.inf
         return
     assert abs(exact.cost - brute) <= 1e-6 * max(1.0, brute)
-    relaxed = min_cost_routing(problem, alloc, seqs, cutoff, integral=False)
+    relaxed = min_cost_routing(problem, alloc, seqs, slow, integral=False)
     assert relaxed is not None and relaxed.cost <= exact.cost + 1e-6
     # the paths read back from the flows: m valid paths per data node, caps kept, same cost
     rc = RouteCosts.from_problem(problem)
@@ -94,36 +95,39 @@ def test_the_integer_routing_is_the_cheapest_within_the_caps(seed, n, stages, le
 def test_slow_links_are_those_above_a_jump_in_the_link_costs():
     t = np.array([[0, 1, 2, 100], [1, 0, 1.5, 2], [2, 1.5, 0, 1], [100, 2, 1, 0]], dtype=float)
     assert slow_link_cutoff(t) == 2.0
-    assert uses_slow_link(t, 2.0, [(1, (3, 0))])  # the hop back from 0 to 3
-    assert not uses_slow_link(t, 2.0, [(0, (1, 2)), (1, (3, 2))])
-    assert slow_link_cutoff(np.array([[0, 1, 5], [1, 0, 2], [5, 2, 0]], dtype=float)) is None
+    slow = slow_link_mask(t)
+    assert slow.tolist() == (np.maximum(t, t.T) > 2.0).tolist() and slow[0, 3] and slow[3, 0]
+    assert uses_slow_link(slow, [(1, (3, 0))])  # the hop back from 0 to 3
+    assert not uses_slow_link(slow, [(0, (1, 2)), (1, (3, 2))])
+    no_jump = np.array([[0, 1, 5], [1, 0, 2], [5, 2, 0]], dtype=float)
+    assert slow_link_cutoff(no_jump) is None and slow_link_mask(no_jump) is None
 
 
 def test_the_allocation_search_leaves_the_slow_links_when_it_can():
     # 11 nodes, one site each, half of the links broken, one slot per node, S = 9 (sweep case 15)
     problem = _problem(11, seed=15, stages=9, length=4, m=4)
-    cutoff = slow_link_cutoff(problem.transfer_s)
-    assert cutoff is not None
+    slow = slow_link_mask(problem.transfer_s)
+    assert slow is not None
     seqs = stage_orders(problem, [[]] * 9)
     rng = np.random.default_rng(0)
     start = next(a for a in (random_allocation(problem, rng) for _ in range(50))
-                 if min_cost_routing(problem, a, seqs, cutoff, integral=False).slow_nodes)
-    stages, paths = slow_link_allocation(problem, start, seqs, cutoff)
+                 if min_cost_routing(problem, a, seqs, slow, integral=False).slow_nodes)
+    stages, paths = slow_link_allocation(problem, start, seqs, slow)
     assert [len(s) for s in stages] == [len(s) for s in start]
     assert sorted(x for s in stages for x in s) == list(range(problem.n))
     routes = [(d, p) for d in stages[0] for p in paths[d]]
     assert len(routes) == len(stages[0]) * 4
-    assert not uses_slow_link(problem.transfer_s, cutoff, routes)
-    fast = min_cost_routing(problem, stages, seqs, cutoff, integral=True, fast_only=True)
+    assert not uses_slow_link(slow, routes)
+    fast = min_cost_routing(problem, stages, seqs, slow, integral=True, fast_only=True)
     assert fast is not None and not fast.slow_nodes
 
 
 def test_skippipe_plans_around_slow_links():
     problem = _problem(11, seed=15, stages=9, length=4, m=4)
-    cutoff = slow_link_cutoff(problem.transfer_s)
+    slow = slow_link_mask(problem.transfer_s)
     plan = methods.make_plan("skippipe", problem, seed=0)
     check_plan(plan)
     routes = [(mb.data_node, tuple(mb.path)) for mb in plan.microbatches]
-    assert not uses_slow_link(problem.transfer_s, cutoff, routes)
+    assert not uses_slow_link(slow, routes)
     assert plan.predicted_makespan_s < float(np.max(problem.transfer_s))  # less than one slow hop
 

@@ -125,8 +125,9 @@ def balance_stage_caps(problem: Problem, stages: list[list[int]]) -> list[list[i
     return deal.solve(cost) or stages
 
 
-def _stage_holds(problem: Problem, stages: list[list[int]], seqs: tuple[tuple[int, ...], ...]) -> np.ndarray:
-    """Per stage the seconds a visit there holds its slot at least, as the module text says."""
+def _hold_weights(problem: Problem, stages: list[list[int]], seqs: tuple[tuple[int, ...], ...]) -> np.ndarray:
+    """N x S: a node's cap x hold(stage) / slots were it dealt to that stage (column 0 unused),
+    where hold(stage) is the module text's least seconds a visit there holds its slot."""
     forward = np.asarray(problem.forward_s, dtype=float)
     rest = [x for s in stages[1:] for x in s]
     unit = float(np.median(forward[rest])) * (1.0 + problem.cost_model.backward_factor)
@@ -135,17 +136,17 @@ def _stage_holds(problem: Problem, stages: list[list[int]], seqs: tuple[tuple[in
         for i, s in enumerate(seq):
             after[s] += len(seq) - i
             through[s] += 1
-    return unit * after / np.maximum(through, 1)
+    hold = unit * after / np.maximum(through, 1)
+    caps = np.asarray(problem.load_caps(stages), dtype=float)
+    slots = np.maximum(1.0, np.asarray(problem.memory, dtype=float))
+    return np.outer(caps, hold) / slots[:, None]  # (cap x hold) / slots in this order: near ties follow the last bit
 
 
 def largest_hold_per_slot(problem: Problem, stages: list[list[int]]) -> float:
     """max over the nodes of stages 1..S-1 of cap x hold(stage) / slots (see the module text)."""
     w = problem.workload
-    seqs = stage_sequences(len(stages), w.path_length, w.max_swaps, w.max_jump)
-    hold = _stage_holds(problem, stages, seqs)
-    caps = problem.load_caps(stages)
-    slots = np.maximum(1.0, np.asarray(problem.memory, dtype=float))
-    return max((caps[x] * hold[s] / slots[x] for s in range(1, len(stages)) for x in stages[s]), default=0.0)
+    weights = _hold_weights(problem, stages, stage_sequences(len(stages), w.path_length, w.max_swaps, w.max_jump))
+    return max((float(weights[x, s]) for s in range(1, len(stages)) for x in stages[s]), default=0.0)
 
 
 def hold_balanced_stages(problem: Problem, stages: list[list[int]]) -> list[list[int]] | None:
@@ -154,14 +155,13 @@ def hold_balanced_stages(problem: Problem, stages: list[list[int]]) -> list[list
     deal = _dealing(problem, stages, extra=1)
     if deal is None:
         return None
-    hold = _stage_holds(problem, stages, deal.seqs)
-    slots = np.maximum(1.0, np.asarray(problem.memory, dtype=float))
+    weights = _hold_weights(problem, stages, deal.seqs)
     z = deal.n_vars - 1
     for i, x in enumerate(deal.nodes):  # z >= cap x hold / slots of every node where it is dealt
         for s in range(1, len(stages)):
             r = deal.row(0, np.inf)
             r[z] = 1
-            r[i * deal.k + s - 1] = -deal.caps[x] * hold[s] / slots[x]
+            r[i * deal.k + s - 1] = -weights[x, s]
     cost = np.zeros(deal.n_vars)
     cost[z] = 1
     return deal.solve(cost, HOLD_GAP)

@@ -16,7 +16,7 @@ from skippipe.planner.routing.data_nodes import ROUTING_CHARGE, data_node_search
 from skippipe.planner.routing.evaluate import Evaluator, Route, Score
 from skippipe.planner.routing.search import SearchLimits
 from skippipe.planner.routing.sequences import RouteCosts, stage_sequences
-from skippipe.planner.routing.slow_links import slow_link_allocation, slow_link_cutoff, uses_slow_link
+from skippipe.planner.routing.slow_links import slow_link_allocation, slow_link_mask, uses_slow_link
 from skippipe.planner.routing.timetable import LARGEST as TIMETABLE_LARGEST
 from skippipe.planner.routing.timetable import timetable_routes
 
@@ -134,13 +134,13 @@ def data_node_candidate(problem: Problem, cands: list[Candidate], limits: Search
 def slow_link_candidate(problem: Problem, cands: list[Candidate]) -> tuple[Candidate, Evaluator] | None:
     """When the best candidate so far crosses a slow link (``routing.slow_links``): the cheapest
     integer routing under the TC1 caps on an allocation searched to avoid such links, scored."""
-    cutoff = slow_link_cutoff(problem.transfer_s)
-    if cutoff is None:
+    slow = slow_link_mask(problem.transfer_s)
+    if slow is None:
         return None
     start = min(cands, key=lambda c: c.score.key())
-    if not uses_slow_link(problem.transfer_s, cutoff, start.routes):
+    if not uses_slow_link(slow, start.routes):
         return None
-    found = slow_link_allocation(problem, start.stages, stage_orders(problem, start.stages), cutoff)
+    found = slow_link_allocation(problem, start.stages, stage_orders(problem, start.stages), slow)
     if found is None:
         return None
     stages, paths = found

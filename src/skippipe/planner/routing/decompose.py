@@ -43,7 +43,7 @@ from skippipe.cluster import Cluster
 from skippipe.planfile import Microbatch, Plan
 from skippipe.planner.problem import Problem
 from skippipe.planner.routing.schedule import plan_no_tc2, plan_skippipe, quickest
-from skippipe.planner.routing.slow_links import slow_link_cutoff
+from skippipe.planner.routing.slow_links import slow_link_mask
 from skippipe.sim import simulate
 
 DECOMPOSE_NODES = 200  # clusters above this many nodes get the candidate
@@ -87,14 +87,13 @@ def locality_groups(transfer_s: np.ndarray, min_size: int) -> list[list[int]]:
 def islands(transfer_s: np.ndarray) -> list[list[int]]:
     """The parts of the cluster joined only by links far dearer than the rest: where the sorted
     link costs (dearer way of each pair) jump by ``SLOW_GAP`` x or more, the links above the
-    jump (``slow_links.slow_link_cutoff``) are cut and the connected components of the others
+    jump (``slow_links.slow_link_mask``) are cut and the connected components of the others
     returned (one part when there is no such jump or nothing is cut off)."""
     n = transfer_s.shape[0]
-    cutoff = slow_link_cutoff(transfer_s)
-    if cutoff is None:
+    slow = slow_link_mask(transfer_s)
+    if slow is None:
         return [list(range(n))]
-    both = np.maximum(transfer_s, transfer_s.T)
-    count, label = connected_components(csr_matrix((both <= cutoff) & ~np.eye(n, dtype=bool)), directed=False)
+    count, label = connected_components(csr_matrix(~slow & ~np.eye(n, dtype=bool)), directed=False)
     return [np.flatnonzero(label == c).tolist() for c in range(count)]
 
 

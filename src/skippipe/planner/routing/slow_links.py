@@ -56,6 +56,15 @@ def slow_link_cutoff(transfer_s: np.ndarray) -> float | None:
     return float(costs[k]) if jump[k] >= SLOW_GAP else None
 
 
+def slow_link_mask(transfer_s: np.ndarray) -> np.ndarray | None:
+    """Which links are slow (N x N, symmetric): the dearer way above ``slow_link_cutoff``;
+    None when the cluster has no slow links."""
+    cutoff = slow_link_cutoff(transfer_s)
+    if cutoff is None:
+        return None
+    return np.maximum(transfer_s, transfer_s.T) > cutoff
+
+
 @dataclass
 class _Arcs:
     """The arcs of the flow programme: per arc its data node, layer, tail and head node."""
@@ -76,22 +85,21 @@ class Routing:
 
 
 def min_cost_routing(
-    problem: Problem, stages: list[list[int]], seqs: tuple[tuple[int, ...], ...], cutoff: float | None,
+    problem: Problem, stages: list[list[int]], seqs: tuple[tuple[int, ...], ...], slow: np.ndarray | None,
     integral: bool, fast_only: bool = False,
 ) -> Routing | None:
     """The cheapest routing of every data node's m microbatches under the TC1 caps (see the
-    module text); with ``fast_only`` over links no dearer than ``cutoff``. None when none
-    exists or the programme has more than ``MAX_ARCS`` arcs."""
+    module text); ``slow``: the slow links (``slow_link_mask``), with ``fast_only`` never used.
+    None when none exists or the programme has more than ``MAX_ARCS`` arcs."""
     m = problem.workload.microbatches_per_data_node
     rc = RouteCosts.from_problem(problem)
     caps = problem.load_caps(stages)
-    count = sum(len(stages[0]) * _arc_count(seq, stages) for seq in seqs)
+    count = _arc_count(stages, seqs)
     if count > MAX_ARCS or count == 0:
         return None
     arcs, rows, cols, lower, upper = _build(problem.n, stages, seqs, caps, m)
     cost = rc.edge[arcs.tail, arcs.head] + np.where(arcs.last, 0.0, rc.node[arcs.head])
-    t = np.asarray(problem.transfer_s, dtype=float)
-    on_slow = np.maximum(t[arcs.tail, arcs.head], t[arcs.head, arcs.tail]) > (np.inf if cutoff is None else cutoff)
+    on_slow = np.zeros(count, dtype=bool) if slow is None else slow[arcs.tail, arcs.head]
     a = coo_matrix((cols[1], (rows, cols[0])), shape=(len(lower), count)).tocsr()
     res = milp(c=cost, constraints=LinearConstraint(a, lower, upper), integrality=np.full(count, int(integral)),
                bounds=Bounds(0, np.where(on_slow & fast_only, 0.0, float(m))), options={"time_limit": MILP_SECONDS})
@@ -99,14 +107,18 @@ def min_cost_routing(
         return None
     flow = np.round(res.x) if integral else res.x
     hops = (flow > 1e-6) & on_slow
-    slow = {int(x) for x in np.concatenate([arcs.tail[hops], arcs.head[hops]])}
+    ends = {int(x) for x in np.concatenate([arcs.tail[hops], arcs.head[hops]])}
     paths = _decompose(arcs, flow.astype(int), len(seqs), stages[0]) if integral else None
-    return Routing(float(cost @ flow), paths, slow)
+    return Routing(float(cost @ flow), paths, ends)
 
 
-def _arc_count(seq: tuple[int, ...], stages: list[list[int]]) -> int:
-    sizes = [1] + [len(stages[s]) for s in seq] + [1]
-    return sum(a * b for a, b in zip(sizes, sizes[1:]))
+def _arc_count(stages: list[list[int]], seqs: tuple[tuple[int, ...], ...]) -> int:
+    """Arcs of the flow programme: per data node and stage order, its layers' node pairs."""
+    total = 0
+    for seq in seqs:
+        sizes = [1] + [len(stages[s]) for s in seq] + [1]
+        total += sum(a * b for a, b in zip(sizes, sizes[1:]))
+    return len(stages[0]) * total
 
 
 def _build(
@@ -185,26 +197,26 @@ def _decompose(arcs: _Arcs, flow: np.ndarray, n_seqs: int, data_nodes: list[int]
 
 
 def slow_link_allocation(
-    problem: Problem, stages: list[list[int]], seqs: tuple[tuple[int, ...], ...], cutoff: float
+    problem: Problem, stages: list[list[int]], seqs: tuple[tuple[int, ...], ...], slow: np.ndarray
 ) -> tuple[list[list[int]], dict[int, list[tuple[int, ...]]]] | None:
-    """An allocation and an integer routing that use fewer slow links than ``stages`` (see the
-    module text); with a fixed allocation only the routing. None when nothing is won."""
+    """An allocation and an integer routing that use fewer of the ``slow`` links than ``stages``
+    (see the module text); with a fixed allocation only the routing. None when nothing is won."""
     own = RouteCosts.from_problem(problem).own * problem.workload.microbatches_per_data_node
 
     def relaxed(st: list[list[int]]) -> tuple[float, set[int]]:
-        found = min_cost_routing(problem, st, seqs, cutoff, integral=False)
+        found = min_cost_routing(problem, st, seqs, slow, integral=False)
         if found is None:
             return np.inf, set()
         return found.cost + float(own[st[0]].sum()), found.slow_nodes
 
     best = [list(map(int, s)) for s in stages]
-    value, slow = relaxed(best)
+    value, ends = relaxed(best)
     evaluations = 1
-    most = max(1, SWAP_WORK // max(1, sum(len(best[0]) * _arc_count(seq, best) for seq in seqs)))
-    while problem.fixed_stages is None and slow and evaluations < most:
+    most = max(1, SWAP_WORK // max(1, _arc_count(best, seqs)))
+    while problem.fixed_stages is None and ends and evaluations < most:
         where = {v: k for k, s in enumerate(best) for v in s}
         # first the exchanges that move a node at the end of a slow link, then the others
-        firsts = sorted(slow) + [a for a in range(problem.n) if a not in slow]
+        firsts = sorted(ends) + [a for a in range(problem.n) if a not in ends]
         moves = ((a, b) for i, a in enumerate(firsts) for b in firsts[i + 1:] if where[a] != where[b])
         for a, b in moves:
             if evaluations >= most:
@@ -212,23 +224,23 @@ def slow_link_allocation(
             cand = [list(s) for s in best]
             cand[where[a]][cand[where[a]].index(a)] = b
             cand[where[b]][cand[where[b]].index(b)] = a
-            v, s = relaxed(cand)
+            v, e = relaxed(cand)
             evaluations += 1
             if v < value - 1e-9:
-                best, value, slow = cand, v, s
+                best, value, ends = cand, v, e
                 break
         else:
             break  # no exchange helps
-    routing = min_cost_routing(problem, best, seqs, cutoff, integral=True)
+    routing = min_cost_routing(problem, best, seqs, slow, integral=True)
     if routing is None or routing.paths is None:
         return None
     return best, routing.paths
 
 
-def uses_slow_link(transfer_s: np.ndarray, cutoff: float, routes: list[tuple[int, tuple[int, ...]]]) -> bool:
-    """Whether a round trip of ``routes`` crosses a link dearer than ``cutoff`` either way."""
+def uses_slow_link(slow: np.ndarray, routes: list[tuple[int, tuple[int, ...]]]) -> bool:
+    """Whether a round trip of ``routes`` crosses one of the ``slow`` links."""
     for d, path in routes:
         trip = [d, *path, d]
-        if any(max(transfer_s[a, b], transfer_s[b, a]) > cutoff for a, b in zip(trip, trip[1:])):
+        if any(slow[a, b] for a, b in zip(trip, trip[1:])):
             return True
     return False
