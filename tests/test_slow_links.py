@@ -11,9 +11,12 @@ from hypothesis import strategies as st
 from skippipe.cluster_gen import random_global_cluster
 from skippipe.planfile import check_plan
 from skippipe.planner import methods
-from skippipe.planner.allocation import random_allocation
+from skippipe.planner.allocation import allocate, random_allocation
+from skippipe.planner.allocation.stage_caps import largest_hold_per_slot
 from skippipe.planner.problem import Problem, build_problem
-from skippipe.planner.routing.candidates import stage_orders
+from skippipe.planner.routing.candidates import Candidate, remembered_dealings, slow_link_candidate, stage_orders
+from skippipe.planner.routing.evaluate import Evaluator
+from skippipe.planner.routing.schedule import build_plan, static_routes
 from skippipe.planner.routing.sequences import RouteCosts
 from skippipe.planner.routing.slow_links import (
     min_cost_routing,
@@ -131,3 +134,52 @@ def test_skippipe_plans_around_slow_links():
     assert not uses_slow_link(slow, routes)
     assert plan.predicted_makespan_s < float(np.max(problem.transfer_s))  # less than one slow hop
 
+
+
+def _few_slot_problem(n: int, seed: int, sites: int | None, stages: int, length: int, jump: int, swaps: int) -> Problem:
+    """Sweep-like: 20 % of the links broken, compute 0.5-2x, 1-3 slots per node, L close to S."""
+    cluster = random_global_cluster(n, seed=seed, sites=sites, speed=(0.5, 2.0), memory=(1, 3), broken=0.2)
+    workload = Workload(num_stages=stages, path_length=length, microbatches_per_data_node=8, n_layers=3 * stages,
+                        max_jump=jump, max_swaps=swaps)
+    return build_problem(cluster, workload)
+
+
+def _start(problem: Problem) -> Candidate:
+    stages = allocate(problem, seed=0)
+    routes = static_routes(problem, stages)
+    return Candidate("no-tc2", stages, routes, Evaluator(problem, stages).score(routes))
+
+
+def test_the_slow_link_search_also_starts_from_the_memory_dealings():
+    # sweep case 94: 15 nodes in 3 sites, S = 9, L = 8; the exchanges that leave the slow links
+    # from the best start leave one-slot nodes early in the paths, where a visit holds its slot
+    # for the rest of the round trip
+    problem = _few_slot_problem(15, seed=94, sites=3, stages=9, length=8, jump=3, swaps=0)
+    slow = slow_link_mask(problem.transfer_s)
+    start = _start(problem)
+    assert uses_slow_link(slow, start.routes)
+    found = slow_link_candidate(problem, [start], remembered_dealings(problem))
+    assert found is not None
+    cand, ev = found
+    assert not uses_slow_link(slow, cand.routes)
+    assert ev.score(cand.routes).makespan == cand.score.makespan
+    stages, paths = slow_link_allocation(problem, start.stages, stage_orders(problem, start.stages), slow)
+    alone = Evaluator(problem, stages).score([(d, p) for d in stages[0] for p in paths[d]])
+    assert cand.score.makespan < alone.makespan
+    assert largest_hold_per_slot(problem, cand.stages) < largest_hold_per_slot(problem, stages)
+
+
+def test_memory_dealings_that_need_slow_links_are_searched_too():
+    # sweep case 81: 23 nodes, one site each, S = 8, L = 7; the best start keeps to fast links,
+    # the memory orders (dealt without the network) cross slow links and had no candidate
+    problem = _few_slot_problem(23, seed=81, sites=None, stages=8, length=7, jump=4, swaps=1)
+    slow = slow_link_mask(problem.transfer_s)
+    start = _start(problem)
+    assert not uses_slow_link(slow, start.routes)
+    found = slow_link_candidate(problem, [start], remembered_dealings(problem))
+    assert found is not None
+    cand, _ = found
+    assert not uses_slow_link(slow, cand.routes)
+    assert cand.score.makespan < start.score.makespan
+    assert largest_hold_per_slot(problem, cand.stages) < largest_hold_per_slot(problem, start.stages)
+    check_plan(build_plan(problem, cand.stages, cand.routes, "skippipe", 0))

@@ -67,6 +67,7 @@ from skippipe.planner.routing.candidates import (
     by_name,
     data_node_candidate,
     memory_candidates,
+    remembered_dealings,
     slow_link_candidate,
     stage_orders,
     timetable_candidates,
@@ -256,7 +257,8 @@ def plan_skippipe(
     if balanced is not None:
         cands.append(Candidate("balanced", stages, *balanced, balanced=True, searched_only_if_best=True))
     evaluators = {id(stages): ev}
-    for mem_cand, mem_ev in memory_candidates(problem, stages, lambda st: static_routes(problem, st)):
+    dealings = remembered_dealings(problem)
+    for mem_cand, mem_ev in memory_candidates(problem, stages, lambda st: static_routes(problem, st), dealings(stages)):
         evaluators[id(mem_cand.stages)] = mem_ev
         cands.append(mem_cand)
     dn_cand = data_node_candidate(problem, cands, limits)
@@ -271,7 +273,7 @@ def plan_skippipe(
             evaluators[id(g_stages)] = g_ev
             routes = chain_routes(g_stages, g_chains, m)
             cands.append(Candidate("groups", g_stages, routes, g_ev.score(routes)))
-    slow = slow_link_candidate(problem, cands)
+    slow = slow_link_candidate(problem, cands, dealings)
     if slow is not None:
         evaluators[id(slow[0].stages)] = slow[1]
         cands.append(slow[0])
