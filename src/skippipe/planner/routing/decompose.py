@@ -28,6 +28,13 @@ slowest group's.
    the default budget); groups with the same costs are planned once.
 4. ``merge``: node ids and microbatch ids mapped back, processing orders renamed; a node's TC1
    cap is its group's (visits in proportion to speed inside the group).
+5. Islands of clusters up to ``REBALANCE_NODES`` nodes: compute speed alone does not say how
+   fast an island serves its microbatches (sweep case 76: an island with 7 one-slot and 7
+   two-slot nodes of 22, every path through every stage, was planned at 1.5-1.9 x the others).
+   So the islands are first planned with a small search (``PROBE_BUDGET`` simulations), data
+   nodes are moved by those makespans (``moved_data_nodes``) and the moved split probed again,
+   up to ``REBALANCE_ROUNDS`` times while its slowest island gets quicker; the split that
+   probed best is then planned in full.
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import connected_components
 
 from skippipe.cluster import Cluster
+from skippipe.errors import UserError
 from skippipe.planfile import Microbatch, Plan
 from skippipe.planner.problem import Problem
 from skippipe.planner.routing.schedule import plan_no_tc2, plan_skippipe, quickest
@@ -50,6 +58,9 @@ DECOMPOSE_NODES = 200  # clusters above this many nodes get the candidate
 GROUP_NODES = 50  # a group holds at least this many nodes (and at least 5 per stage)
 GROUP_BUDGET = 600  # simulations of the search inside each group
 TIGHT = 1.25  # a group is one site: no hop inside it dearer than this x the cluster's cheapest hop
+REBALANCE_NODES = 200  # islands of clusters up to this many nodes get their data nodes moved
+REBALANCE_ROUNDS = 3  # moved splits probed at most
+PROBE_BUDGET = 50  # simulations of the search when an island is probed (about 0.5 s at 20 nodes)
 
 
 def min_group_size(problem: Problem) -> int:
@@ -171,6 +182,40 @@ def _trade(rows: list[list[int]], row: list[int], s: int) -> bool:
     return False
 
 
+def moved_data_nodes(rows: list[list[int]], spans: list[float]) -> list[list[int]]:
+    """Stage sizes per island with data nodes moved from slow islands to quick ones, ``spans``
+    being the islands' planned makespans. An island's makespan is taken to scale with its data
+    nodes (its microbatches); a data node goes from the island that would be slowest to the one
+    that would stay quickest after taking it, while that lowers the slowest of the two; the
+    taker gives up a node of its largest stage, the latest of them (its visits hold their slots
+    the shortest: a path holds a slot from its visit to the end), the giver gains one there and
+    keeps a data node. Row sums and stage totals are kept; ``rows`` when the slowest island
+    would not get quicker."""
+    out = [list(r) for r in rows]
+
+    def after(i: int, data: int) -> float:
+        return spans[i] * data / rows[i][0]
+
+    for _ in range(sum(r[0] for r in rows)):
+        slow = max(range(len(out)), key=lambda i: (after(i, out[i][0]), -i))
+        if out[slow][0] < 2:
+            break
+        takers = [i for i in range(len(out)) if i != slow and max(out[i][1:]) >= 2]
+        if not takers:
+            break
+        take = min(takers, key=lambda i: (after(i, out[i][0] + 1), i))
+        if max(after(slow, out[slow][0] - 1), after(take, out[take][0] + 1)) >= after(slow, out[slow][0]):
+            break
+        s = max(range(1, len(out[take])), key=lambda k: (out[take][k], k))  # the latest largest stage
+        out[slow][0] -= 1
+        out[slow][s] += 1
+        out[take][0] += 1
+        out[take][s] -= 1
+    if max(after(i, r[0]) for i, r in enumerate(out)) >= max(spans):
+        return [list(r) for r in rows]  # islands tied at the slowest: nothing won
+    return out
+
+
 def sub_problem(problem: Problem, nodes: list[int], sizes: list[int]) -> Problem:
     """``problem`` restricted to ``nodes`` (ids 0..len-1 in their order) with stage sizes ``sizes``."""
     transfer, memory = problem.transfer_s[np.ix_(nodes, nodes)], problem.memory[nodes]
@@ -216,10 +261,47 @@ def _cost_key(p: Problem) -> bytes:
                                                                  np.asarray(p.stage_sizes)))
 
 
-def decomposed_plan(problem: Problem, seed: int, plan_group: Callable[[Problem, int], Plan]) -> Plan | None:
+def _probed_rows(
+    problem: Problem, groups: list[list[int]], sizes: list[list[int]], probe_group: Callable[[Problem], Plan]
+) -> list[list[int]]:
+    """The stage sizes per island whose probed plans have the quickest slowest island: the
+    apportioned ones, then data nodes moved by the probed makespans (see the module text)."""
+    probed: dict[bytes, float] = {}
+
+    def spans(rows: list[list[int]]) -> list[float]:
+        out = []
+        for nodes, row in zip(groups, rows):
+            sub = sub_problem(problem, nodes, row)
+            key = _cost_key(sub)
+            if key not in probed:
+                probed[key] = float(probe_group(sub).predicted_makespan_s or 0.0)
+            out.append(probed[key])
+        return out
+
+    rows, now = sizes, spans(sizes)
+    for _ in range(REBALANCE_ROUNDS):
+        moved = moved_data_nodes(rows, now)
+        if moved == rows:
+            break
+        try:
+            then = spans(moved)
+        except UserError:  # a moved split the caps cannot carry
+            break
+        if max(then) >= max(now) - 1e-9:
+            break
+        rows, now = moved, then
+    return rows
+
+
+def decomposed_plan(
+    problem: Problem, seed: int, plan_group: Callable[[Problem, int], Plan],
+    probe_group: Callable[[Problem], Plan] | None = None,
+) -> Plan | None:
     """The merged plan of the groups (see the module text), or None when the cluster is not
     split: a fixed allocation or stage sizes, groups that are not one site each, or too small
-    for the stages. ``plan_group(sub_problem, number_of_groups)`` plans one group."""
+    for the stages. ``plan_group(sub_problem, number_of_groups)`` plans one group;
+    ``probe_group(sub_problem)``, a quick plan of one, is used to move data nodes between
+    islands (none moved without it)."""
     if problem.fixed_stages is not None or problem.workload.stage_sizes is not None:
         return None
     groups, candidate = islands(problem.transfer_s), "islands"
@@ -232,6 +314,12 @@ def decomposed_plan(problem: Problem, seed: int, plan_group: Callable[[Problem, 
     sizes = apportion(problem.stage_sizes, groups, 1.0 / problem.forward_s)
     if sizes is None:
         return None
+    meta: dict = {"candidate": candidate, "groups": [len(g) for g in groups]}
+    if candidate == "islands" and problem.n <= REBALANCE_NODES and probe_group is not None:
+        rows = _probed_rows(problem, groups, sizes, probe_group)
+        if rows != sizes:
+            sizes = rows
+            meta["data_nodes_moved"] = [row[0] for row in rows]
     planned: dict[bytes, Plan] = {}
     parts = []
     for nodes, row in zip(groups, sizes):
@@ -240,7 +328,7 @@ def decomposed_plan(problem: Problem, seed: int, plan_group: Callable[[Problem, 
         if key not in planned:
             planned[key] = plan_group(sub, len(groups))
         parts.append((nodes, planned[key]))
-    meta = {"candidate": candidate, "groups": [len(g) for g in groups], "group_plans": len(planned)}
+    meta["group_plans"] = len(planned)
     return merge(problem, parts, seed, meta)
 
 
@@ -256,7 +344,11 @@ def plan_in_groups(
         budget = GROUP_BUDGET if problem.n > DECOMPOSE_NODES else None  # small islands: the default search
         return plan_skippipe(sub, seed=seed, time_limit_s=share, budget=budget)
 
-    split = decomposed_plan(problem, seed, plan_group)
+    def probe_group(sub: Problem) -> Plan:
+        share = None if time_limit_s is None else 0.02 * time_limit_s
+        return plan_skippipe(sub, seed=seed, time_limit_s=share, budget=PROBE_BUDGET)
+
+    split = decomposed_plan(problem, seed, plan_group, probe_group)
     if split is None:
         return None
     split.predicted_makespan_s = float(simulate(split, record=False).makespan_s)
