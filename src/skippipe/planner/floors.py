@@ -22,6 +22,10 @@ counting the TC1 loads. For a set D of data nodes (every set of the stage-0 size
   ``min_c max(RA + (c-1)(R0 + og), ceil((m-c)/(k-1)) R0 + (ceil(..) - 1) og)``.
 
 The floor of D is the largest of these terms; the floor of the problem is the least over D.
+Where the sets and paths are few (``ROUTED_SETS``, ``routed_floor.MAX_PATHS``), the sets with
+the least floors are raised by routing their visits under the TC1 caps
+(``routed_floor.routed_set_floor``), up to ``ROUTED_SOLVES`` integer programmes (``ROUTED_WORK``
+variables in all).
 When the paths are too many to enumerate the round trips are bounded from below instead
 (``relaxed_floors.relaxed_round_trips``), when the sets are too many the set-free floor is
 used (the stage-0 size-th smallest data-node floor), and the result is never below the
@@ -49,7 +53,12 @@ from skippipe.errors import UserError
 from skippipe.planfile import Plan
 from skippipe.planner.problem import Problem, build_problem
 from skippipe.planner.relaxed_floors import capacity_floor, relaxed_round_trips
+from skippipe.planner.routed_floor import MAX_PATHS, path_count, routed_set_floor
 from skippipe.workload import workload_from_dict
+
+ROUTED_SETS = 20_000  # data-node sets ranked for the routed floor at most
+ROUTED_SOLVES = 8  # routing programmes solved at most, the least-floor sets first (0.05-0.7 s each)
+ROUTED_WORK = 12_000  # and their variables (paths x data nodes) summed at most
 
 __all__ = ["trip_floor", "allocation_data_node_floor", "free_allocation_floor", "plan_free_floor", "FreeFloor"]
 
@@ -148,12 +157,13 @@ def free_allocation_floor(problem: Problem, max_sets: int = 200_000, max_tuples:
                 slow[d, x] = max(tf[d], _slow_one(ra[d, x], r0[d], m, k, og))
     visits = D * m * hops
     speed = 1.0 / f
-    best = (math.inf, ())
-    for data in itertools.combinations(range(n), D):
+
+    def value(data: tuple[int, ...], cutoff: float) -> float:
+        """The floor of one data-node set (stops early at ``cutoff``)."""
         idx = list(data)
         val = float(tf[idx].max())
-        if val >= best[0]:
-            continue
+        if val >= cutoff:
+            return val
         mask = np.ones(n, dtype=bool)
         mask[idx] = False
         others = np.flatnonzero(mask)
@@ -162,9 +172,33 @@ def free_allocation_floor(problem: Problem, max_sets: int = 200_000, max_tuples:
         must = visits - (caps.sum() - caps) > 0  # the others alone cannot take the visits
         if must.any():
             val = max(val, float(slow[np.ix_(idx, others[must])].min(axis=0).max()))
+        return val
+
+    best = (math.inf, ())
+    for data in itertools.combinations(range(n), D):
+        val = value(data, best[0])
         if val < best[0]:
             best = (val, data)
+    if path_count(problem) <= MAX_PATHS and math.comb(n, D) <= ROUTED_SETS:
+        best = _routed(problem, best, value, tf)
     return FreeFloor(max(cap, best[0]), tuple(int(x) for x in best[1]), True, exact, cap)
+
+
+def _routed(problem: Problem, best: tuple[float, tuple[int, ...]], value, tf: np.ndarray) -> tuple[float, tuple[int, ...]]:
+    """``best`` raised by ``routed_floor.routed_set_floor``: the sets are taken by their floor,
+    least first, and each one's floor raised by its routing while it is below the least raised
+    so far (at most ``ROUTED_SOLVES`` programmes of ``ROUTED_WORK`` variables in all; the next
+    set's floor caps the result)."""
+    D = int(problem.stage_sizes[0])
+    ranked = sorted((value(data, math.inf), data) for data in itertools.combinations(range(problem.n), D))
+    raised = (math.inf, best[1])
+    for solved, (val, data) in enumerate(ranked):
+        if val >= raised[0]:
+            break
+        if solved >= min(ROUTED_SOLVES, ROUTED_WORK // path_count(problem)):
+            return min(raised, (val, data))  # every set not raised has at least this floor
+        raised = min(raised, (max(val, routed_set_floor(problem, data, tf)), data))
+    return raised
 
 
 def plan_free_floor(plan: Plan) -> FreeFloor | None:

@@ -84,6 +84,18 @@ def relaxed_round_trips(problem: Problem) -> tuple[np.ndarray, np.ndarray]:
     return r0, ra
 
 
+def heads_and_tails(problem: Problem) -> tuple[np.ndarray, np.ndarray]:
+    """Per node x, the least time before its first operation (the quickest forward on another
+    node plus the hop to x) and after its last one (the hop back from x and the quickest
+    backward there)."""
+    f = np.asarray(problem.forward_s, dtype=float)
+    t = np.asarray(problem.transfer_s, dtype=float).copy()
+    np.fill_diagonal(t, math.inf)
+    head = (f[:, None] + t).min(axis=0)  # the first forward reaching x
+    tail = (t + problem.cost_model.backward_factor * f[None, :]).min(axis=1)  # the last backward leaving x
+    return head, tail
+
+
 def capacity_floor(problem: Problem, trip_floors: np.ndarray, tol: float = 1e-6) -> float:
     """The least T at which D data nodes finish their own work and the others can serve every
     visit (see the module text); a floor over every allocation."""
@@ -97,8 +109,7 @@ def capacity_floor(problem: Problem, trip_floors: np.ndarray, tol: float = 1e-6)
     t = np.asarray(problem.transfer_s, dtype=float).copy()
     np.fill_diagonal(t, math.inf)
     og = cm.op_gap_s
-    head = (f[:, None] + t).min(axis=0)  # the first forward reaching x
-    tail = (t + cm.backward_factor * f[None, :]).min(axis=1)  # the last backward leaving x
+    head, tail = heads_and_tails(problem)
     per = f * (1.0 + cm.backward_factor) + 2 * og
     hold = f * (1.0 + cm.backward_factor) + (t + t.T).min(axis=1) + cm.loss_factor * f.min()
     slots = np.asarray(problem.memory, dtype=float)

@@ -1,0 +1,108 @@
+"""The routed floor of a data-node set (``planner.routed_floor``) and its use in the floor over
+every allocation."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from cluster_strategies import generated_problems
+from skippipe.bounds import trip_floor
+from skippipe.cluster_gen import one_per_location
+from skippipe.errors import UserError
+from skippipe.planner import floors
+from skippipe.planner.floors import _round_trips, free_allocation_floor
+from skippipe.planner.methods import make_plan
+from skippipe.planner.problem import Problem, build_problem
+from skippipe.planner.relaxed_floors import heads_and_tails
+from skippipe.planner.routed_floor import routed_set_floor
+from skippipe.workload import Workload
+
+
+def _trip_floors(problem: Problem) -> np.ndarray:
+    cm, m = problem.cost_model, problem.workload.microbatches_per_data_node
+    r0, _ = _round_trips(problem)
+    f = np.asarray(problem.forward_s, dtype=float)
+    return np.array([trip_floor(r0[d], f[d], f[d] * cm.backward_factor, m, max(1, int(problem.memory[d])),
+                                cm.inject_gap_s, cm.op_gap_s) for d in range(problem.n)])
+
+
+def _brute_force(problem: Problem, data: tuple[int, ...], tf: np.ndarray) -> float:
+    """Every choice of m paths per data node (with repeats): the least T the programme allows."""
+    w, cm = problem.workload, problem.cost_model
+    m, hops, og = w.microbatches_per_data_node, w.path_length - 1, cm.op_gap_s
+    f, t = np.asarray(problem.forward_s, dtype=float), np.asarray(problem.transfer_s, dtype=float)
+    edge, visit = t + t.T, f * (1.0 + cm.backward_factor)
+    own, gaps = f * (1.0 + cm.backward_factor + cm.loss_factor), cm.inject_gap_s + cm.op_gap_s
+    others = [x for x in range(problem.n) if x not in data]
+    speed = 1.0 / f[others]
+    caps = dict(zip(others, np.maximum(1, np.ceil(len(data) * m * hops * speed / speed.sum() - 1e-9))))
+    head, tail = heads_and_tails(problem)
+    paths = list(itertools.permutations(others, hops))
+
+    def trip(d: int, p: tuple[int, ...]) -> float:
+        inner = sum(visit[x] for x in p) + sum(edge[a, b] for a, b in zip(p, p[1:]))
+        return own[d] + max(inner + edge[d, p[0]] + edge[p[-1], d], gaps)
+
+    best = math.inf
+    choices = [list(itertools.combinations_with_replacement(paths, m)) for _ in data]
+    for pick in itertools.product(*choices):
+        load = dict.fromkeys(others, 0)
+        T = float(tf[list(data)].max())
+        for d, trips in zip(data, pick):
+            k = max(1, min(int(problem.memory[d]), m))
+            T = max(T, (sum(trip(d, p) for p in trips) + max(0, m - k) * og) / k)
+            for p in trips:
+                for x in p:
+                    load[x] += 1
+        if any(load[x] > caps[x] for x in others):
+            continue
+        for x in others:
+            if load[x]:
+                T = max(T, load[x] * (visit[x] + 2 * og) - og + head[x] + tail[x])
+        best = min(best, T)
+    return best
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 10_000), st.integers(5, 6), st.integers(2, 3), st.integers(1, 2))
+def test_the_routed_floor_is_the_least_routing_under_the_caps(seed, n, length, m):
+    from skippipe.cluster_gen import random_global_cluster
+
+    cluster = random_global_cluster(n, seed=seed, speed=(0.5, 2.0), memory=(1, 3))
+    sizes = (2,) + (1,) * (length - 1) + (n - length - 1,)
+    problem = build_problem(cluster, Workload(num_stages=length + 1, path_length=length, microbatches_per_data_node=m,
+                                              n_layers=4 * (length + 1), stage_sizes=sizes))
+    tf = _trip_floors(problem)
+    data = (0, 1)
+    exact = _brute_force(problem, data, tf)
+    got = routed_set_floor(problem, data, tf)
+    assert got <= exact * (1 + 1e-9) + 1e-9  # a lower bound on the programme's least T ...
+    assert got >= exact * (1 - 1e-3)  # ... within the solver's gap
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(generated_problems(stages=(3, 5), max_path=3, extra_nodes=2, max_nodes=12, single_site_memory=True))
+def test_the_floor_with_routing_is_below_skippipes_plans(problem):
+    floor = free_allocation_floor(problem)
+    try:
+        plan = make_plan("skippipe", problem, seed=0)
+    except UserError:
+        return
+    assert floor.value <= plan.predicted_makespan_s + 1e-6
+
+
+def test_routing_raises_the_floor_where_every_node_must_take_its_share(monkeypatch):
+    # 12 GCP regions, one node each, even compute: the caps sum to just the visits, so every
+    # node outside stage 0 takes its full share, the far ones too
+    problem = build_problem(one_per_location("gcp-2025"), Workload(num_stages=5, path_length=3))
+    routed = free_allocation_floor(problem)
+    monkeypatch.setattr(floors, "ROUTED_SOLVES", 0)
+    plain = free_allocation_floor(problem)
+    assert routed.value > plain.value * 1.02
+    plan = make_plan("skippipe", problem, seed=0)
+    assert routed.value <= plan.predicted_makespan_s
