@@ -42,6 +42,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -179,12 +180,14 @@ def free_allocation_floor(problem: Problem, max_sets: int = 200_000, max_tuples:
         val = value(data, best[0])
         if val < best[0]:
             best = (val, data)
-    if path_count(problem) <= MAX_PATHS and math.comb(n, D) <= ROUTED_SETS:
+    if 0 < path_count(problem) <= MAX_PATHS and math.comb(n, D) <= ROUTED_SETS:
         best = _routed(problem, best, value, tf)
     return FreeFloor(max(cap, best[0]), tuple(int(x) for x in best[1]), True, exact, cap)
 
 
-def _routed(problem: Problem, best: tuple[float, tuple[int, ...]], value, tf: np.ndarray) -> tuple[float, tuple[int, ...]]:
+def _routed(
+    problem: Problem, best: tuple[float, tuple[int, ...]], value: Callable[[tuple[int, ...], float], float], tf: np.ndarray
+) -> tuple[float, tuple[int, ...]]:
     """``best`` raised by ``routed_floor.routed_set_floor``: the sets are taken by their floor,
     least first, and each one's floor raised by its routing while it is below the least raised
     so far (at most ``ROUTED_SOLVES`` programmes of ``ROUTED_WORK`` variables in all; the next
