@@ -53,7 +53,7 @@ from skippipe.costs import CostModel
 from skippipe.errors import UserError
 from skippipe.planfile import Plan
 from skippipe.planner.problem import Problem, build_problem
-from skippipe.planner.relaxed_floors import capacity_floor, relaxed_round_trips
+from skippipe.planner.relaxed_floors import capacity_floor, relaxed_round_trips, round_trip_terms
 from skippipe.planner.routed_floor import MAX_PATHS, path_count, routed_set_floor
 from skippipe.workload import workload_from_dict
 
@@ -86,13 +86,7 @@ def _round_trips(problem: Problem) -> tuple[np.ndarray, np.ndarray]:
     RA[d, x]: the fastest one that visits x (inf on the diagonal)."""
     n = problem.n
     hops = problem.workload.path_length - 1
-    t = np.asarray(problem.transfer_s, dtype=float)
-    f = np.asarray(problem.forward_s, dtype=float)
-    cm = problem.cost_model
-    edge = t + t.T
-    visit = f * (1.0 + cm.backward_factor)
-    own = f * (1.0 + cm.backward_factor + cm.loss_factor)
-    gaps = cm.inject_gap_s + cm.op_gap_s  # the data node's own F -> L -> B, if the path is quicker
+    edge, visit, own, gaps = round_trip_terms(problem)
     r0 = np.full(n, math.inf)
     ra = np.full((n, n), math.inf)
     if hops <= 0:
@@ -175,26 +169,27 @@ def free_allocation_floor(problem: Problem, max_sets: int = 200_000, max_tuples:
             val = max(val, float(slow[np.ix_(idx, others[must])].min(axis=0).max()))
         return val
 
-    best = (math.inf, ())
-    for data in itertools.combinations(range(n), D):
-        val = value(data, best[0])
-        if val < best[0]:
-            best = (val, data)
     if 0 < path_count(problem) <= MAX_PATHS and math.comb(n, D) <= ROUTED_SETS:
-        best = _routed(problem, best, value, tf)
+        best = _routed(problem, value, tf)
+    else:
+        best = (math.inf, ())
+        for data in itertools.combinations(range(n), D):
+            val = value(data, best[0])
+            if val < best[0]:
+                best = (val, data)
     return FreeFloor(max(cap, best[0]), tuple(int(x) for x in best[1]), True, exact, cap)
 
 
 def _routed(
-    problem: Problem, best: tuple[float, tuple[int, ...]], value: Callable[[tuple[int, ...], float], float], tf: np.ndarray
+    problem: Problem, value: Callable[[tuple[int, ...], float], float], tf: np.ndarray
 ) -> tuple[float, tuple[int, ...]]:
-    """``best`` raised by ``routed_floor.routed_set_floor``: the sets are taken by their floor,
-    least first, and each one's floor raised by its routing while it is below the least raised
-    so far (at most ``ROUTED_SOLVES`` programmes of ``ROUTED_WORK`` variables in all; the next
-    set's floor caps the result)."""
+    """The least floor over the data-node sets, raised by ``routed_floor.routed_set_floor``: the
+    sets are taken by their floor, least first, and each one's floor raised by its routing while
+    it is below the least raised so far (at most ``ROUTED_SOLVES`` programmes of ``ROUTED_WORK``
+    variables in all; the next set's floor caps the result)."""
     D = int(problem.stage_sizes[0])
     ranked = sorted((value(data, math.inf), data) for data in itertools.combinations(range(problem.n), D))
-    raised = (math.inf, best[1])
+    raised: tuple[float, tuple[int, ...]] = (math.inf, ())
     for solved, (val, data) in enumerate(ranked):
         if val >= raised[0]:
             break

@@ -32,9 +32,21 @@ import numpy as np
 from skippipe.planner.problem import Problem
 
 
-def _edges(problem: Problem) -> np.ndarray:
+def round_trip_terms(problem: Problem) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
+    """What a round trip is made of, for the floors: ``edge`` (N x N, a hop paid both ways:
+    activation out, gradient back), ``visit`` (a visited node's forward and backward), ``own``
+    (the data node's forward, loss and backward) and ``gaps`` (the data node's inject and op
+    gaps, its least round trip when the path is quicker)."""
     t = np.asarray(problem.transfer_s, dtype=float)
-    edge = t + t.T
+    f = np.asarray(problem.forward_s, dtype=float)
+    cm = problem.cost_model
+    visit = f * (1.0 + cm.backward_factor)
+    own = f * (1.0 + cm.backward_factor + cm.loss_factor)
+    return t + t.T, visit, own, cm.inject_gap_s + cm.op_gap_s
+
+
+def _edges(problem: Problem) -> np.ndarray:
+    edge = round_trip_terms(problem)[0]
     np.fill_diagonal(edge, math.inf)
     return edge
 
@@ -63,12 +75,8 @@ def relaxed_round_trips(problem: Problem) -> tuple[np.ndarray, np.ndarray]:
     """Lower bounds on R0[d] and RA[d, x] of ``floors._round_trips`` (see the module text)."""
     n = problem.n
     hops = problem.workload.path_length - 1
-    cm = problem.cost_model
-    f = np.asarray(problem.forward_s, dtype=float)
     edge = _edges(problem)
-    visit = f * (1.0 + cm.backward_factor)
-    own = f * (1.0 + cm.backward_factor + cm.loss_factor)
-    gaps = cm.inject_gap_s + cm.op_gap_s
+    _, visit, own, gaps = round_trip_terms(problem)
     nodes = np.arange(n)
     if hops <= 1:
         ra = own[:, None] + np.maximum(edge + visit[None, :], gaps)  # exact: d -> x -> d
@@ -106,12 +114,11 @@ def capacity_floor(problem: Problem, trip_floors: np.ndarray, tol: float = 1e-6)
     if visits == 0:
         return float(np.sort(trip_floors)[D - 1])
     f = np.asarray(problem.forward_s, dtype=float)
-    t = np.asarray(problem.transfer_s, dtype=float).copy()
-    np.fill_diagonal(t, math.inf)
     og = cm.op_gap_s
     head, tail = heads_and_tails(problem)
-    per = f * (1.0 + cm.backward_factor) + 2 * og
-    hold = f * (1.0 + cm.backward_factor) + (t + t.T).min(axis=1) + cm.loss_factor * f.min()
+    _, visit, _, _ = round_trip_terms(problem)
+    per = visit + 2 * og
+    hold = visit + _edges(problem).min(axis=1) + cm.loss_factor * f.min()
     slots = np.asarray(problem.memory, dtype=float)
 
     def feasible(T: float) -> bool:

@@ -32,7 +32,7 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import coo_matrix
 
 from skippipe.planner.problem import Problem
-from skippipe.planner.relaxed_floors import heads_and_tails
+from skippipe.planner.relaxed_floors import heads_and_tails, round_trip_terms
 
 MAX_PATHS = 4_000  # variables of one programme (paths x data nodes) at most
 NODE_LIMIT = 20  # branch-and-bound nodes of one programme (its dual bound stays a floor)
@@ -52,16 +52,9 @@ def routed_set_floor(problem: Problem, data: tuple[int, ...], trip_floors: np.nd
     head, tail = heads_and_tails(problem)
     w, cm = problem.workload, problem.cost_model
     m, hops, og = w.microbatches_per_data_node, w.path_length - 1, cm.op_gap_s
-    f = np.asarray(problem.forward_s, dtype=float)
-    t = np.asarray(problem.transfer_s, dtype=float)
-    edge = t + t.T
-    visit = f * (1.0 + cm.backward_factor)
-    own = f * (1.0 + cm.backward_factor + cm.loss_factor)
-    gaps = cm.inject_gap_s + cm.op_gap_s
+    edge, visit, own, gaps = round_trip_terms(problem)
     others = [x for x in range(problem.n) if x not in data]
-    speed = 1.0 / f[others]
-    share = len(data) * m * hops * speed / speed.sum()
-    caps = np.maximum(1, np.ceil(share - 1e-9))  # as Problem.load_caps
+    caps = problem.load_caps([list(data), others])  # they depend only on which nodes are data nodes
     paths = np.array([p for p in itertools.permutations(range(len(others)), hops) if hops < 2 or p[0] < p[-1]],
                      dtype=int).reshape(-1, hops)
     nodes = np.asarray(others)[paths]  # P x hops, cluster ids
@@ -91,7 +84,7 @@ def routed_set_floor(problem: Problem, data: tuple[int, ...], trip_floors: np.nd
         cols.append(n_vars - 1)
         vals.append(-1.0)
         lo += [0.0, -np.inf]
-        hi += [float(caps[j]), og - float(head[x]) - float(tail[x])]
+        hi += [float(caps[x]), og - float(head[x]) - float(tail[x])]
         r += 2
     matrix = coo_matrix((vals, (rows, cols)), shape=(r, n_vars)).tocsr()
     cost = np.zeros(n_vars)
