@@ -126,6 +126,20 @@ def test_first_arrived_first_served_backward_wins_ties(release, expected):
         assert o.start >= o.ready - 1e-12
 
 
+@pytest.mark.parametrize("ordered", [False, True])
+@pytest.mark.parametrize("release, start", [(1.05, 3.13), (1.2, 3.2)])
+def test_arrival_during_the_gap_waits_for_its_end(ordered, release, start):
+    # node 1 runs F0 in [2, 3] with nothing else arrived; F1 reaches it at release + 2:
+    # inside its 0.13 s op gap it starts when the gap ends, after it at once
+    mbs = [Microbatch(0, 0, [1]), Microbatch(1, 2, [1], release_s=release)]
+    order = {1: ["F0", "F1", "B0", "B1"]} if ordered else None
+    res = simulate(make_plan([[0, 2], [1]], line(3, 1.0), 1.0, mbs, order=order))
+    by = {(o.node, o.kind, o.mb): o for o in res.ops}
+    assert by[(1, "F", 0)].end == pytest.approx(3.0)
+    assert by[(1, "F", 1)].ready == pytest.approx(release + 2.0)
+    assert by[(1, "F", 1)].start == pytest.approx(start)
+
+
 def test_injection_yields_to_in_flight_work():
     # data node forward 3 s: F0 [0, 3], F1 [3.09, 6.09]; L0 arrives at 6, F2 was released at 5.
     # When the node frees, the in-flight loss goes first although the injection waited longer.

@@ -65,11 +65,11 @@ class SimResult:
     last_finish_s: float = 0.0  # last backward finished, counting finished microbatches only
     finish_s: dict[int, float] = field(default_factory=dict)  # microbatch id -> last backward end
     _order: list[list[int]] = field(default_factory=list, repr=False)  # executed op indices per node
-    _tokens: list[str] = field(default_factory=list, repr=False)  # op index -> "F3" etc.
+    _compiled: _Compiled | None = field(default=None, repr=False)  # the plan's op tables (tokens on demand)
 
     def processing_order(self) -> dict[int, list[str]]:
         """Executed order per node, e.g. ``{3: ["F0", "F5", "B0", ...]}`` (nodes with work only)."""
-        tok = self._tokens
+        tok = self._compiled.tokens() if self._compiled is not None else []
         return {node: [tok[o] for o in ops] for node, ops in enumerate(self._order) if ops}
 
     def idle_s(self) -> list[float]:
@@ -86,13 +86,18 @@ class _Compiled:
     hop: list[float]  # transfer time to the next operation's node
     kind: list[int]
     mb: list[int]  # microbatch index
-    token: list[str]
     first: list[int]  # per microbatch: index of its injection
     last: list[int]  # per microbatch: index of its final backward
     ids: list[int]
     release: list[float]
     after: list[int]  # per microbatch: index it waits for, -1 for none
     gap: list[float]  # per operation: idle time of its node afterwards
+
+    def tokens(self) -> list[str]:
+        """Per operation its processing-order token (``F3``, ``L3``, ``B3``): built only when
+        an order is read or asked for, not in the search's scoring runs."""
+        ids = self.ids
+        return [f"{_KIND_CHAR[k]}{ids[m]}" for k, m in zip(self.kind, self.mb)]
 
 
 def _compile(plan: Plan) -> _Compiled:
@@ -137,12 +142,11 @@ def _compile(plan: Plan) -> _Compiled:
     mult = np.array([costs.op_factor(_KIND_CHAR[k]) for k in range(4)])
     gaps = np.array([float(costs.inject_gap_s)] + [float(costs.op_gap_s)] * 3)
     mbl = np.repeat(np.arange(len(ids)), sizes).tolist()
-    token = [f"{_KIND_CHAR[k]}{ids[m]}" for k, m in zip(kind, mbl)]
     return _Compiled(
         node=node,
         dur=(fwd[node_a] * mult[kind_a]).tolist() if node else [],
         hop=T[node_a, np.asarray(nxt, dtype=np.int64)].tolist() if node else [],
-        kind=kind, mb=mbl, token=token, first=first, last=last, ids=ids,
+        kind=kind, mb=mbl, first=first, last=last, ids=ids,
         release=[float(mb.release_s) for mb in plan.microbatches], after=after,
         gap=gaps[kind_a].tolist() if node else [],
     )
@@ -151,7 +155,7 @@ def _compile(plan: Plan) -> _Compiled:
 def _order_lists(c: _Compiled, n: int, order: dict[int, list[str]]) -> list[list[int] | None]:
     """Processing order tokens -> per-node lists of operation indices (None: serve FIFO)."""
     by_token: list[dict[str, int]] = [{} for _ in range(n)]
-    for o, (x, tok) in enumerate(zip(c.node, c.token)):
+    for o, (x, tok) in enumerate(zip(c.node, c.tokens())):
         by_token[x][tok] = o
     out: list[list[int] | None] = [None] * n
     for key, ops in order.items():
@@ -161,8 +165,8 @@ def _order_lists(c: _Compiled, n: int, order: dict[int, list[str]]) -> list[list
         want = by_token[x]
         seq = []
         for tok in ops:
-            parse_op(tok)
             if tok not in want:
+                parse_op(tok)  # a malformed token gets its own message
                 raise PlanError(f"simulate: processing order of node {x} lists {tok}, which node {x} does not perform")
             seq.append(want[tok])
         if len(set(seq)) != len(seq) or len(seq) != len(want):
@@ -203,12 +207,16 @@ def simulate(
     arrived = [False] * len(node)
     pos = [0] * n  # next index into a fixed order
     has_event = [False] * n  # a free/dispatch event is pending for the node
+    free_at = [0.0] * n  # when the node's last operation and its gap end
     finish = [-1.0] * len(c.ids)
     start = [-1.0] * len(node)
     ready = [-1.0] * len(node)
     ids = c.ids
     waiters: dict[int, list[int]] = {}
     events: list[tuple] = []  # (time, 0 = arrival | 1 = node free, op or node)
+    push, pop = heappush, heappop  # local names: this loop is the planner's hot path
+    op_id = [ids[m] for m in mbl]  # per operation its microbatch id (queue tie-break)
+    release, first = c.release, c.first
 
     for i, (rel, dep) in enumerate(zip(c.release, c.after)):
         if dep < 0:
@@ -217,7 +225,7 @@ def simulate(
             waiters.setdefault(dep, []).append(i)
 
     while events:
-        t, typ, x = heappop(events)
+        t, typ, x = pop(events)
         if typ == 0:  # operation x arrives at its node
             nd = node[x]
             ready[x] = t
@@ -225,14 +233,15 @@ def simulate(
             if fixed[nd] is not None:
                 arrived[x] = True
             elif k == _INJECT:  # new work waits behind arrived in-flight work
-                heappush(fq[nd], (1, t, 3, ids[mbl[x]], x))
+                push(fq[nd], (1, t, 3, op_id[x], x))
             elif k == _FWD:
-                heappush(fq[nd], (0, t, 2, ids[mbl[x]], x))
+                push(fq[nd], (0, t, 2, op_id[x], x))
             else:
-                heappush(oq[nd], (0, t, _RANK[k], ids[mbl[x]], x))
+                push(oq[nd], (0, t, _RANK[k], op_id[x], x))
             if not has_event[nd]:
                 has_event[nd] = True
-                heappush(events, (t, 1, nd))
+                ft = free_at[nd]
+                push(events, (ft if ft > t else t, 1, nd))
             continue
 
         nd = x  # node nd is free at t: pick its next operation
@@ -249,9 +258,9 @@ def simulate(
         else:
             f, q = fq[nd], oq[nd]
             if f and slots[nd] > 0 and (not q or f[0] < q[0]):
-                o = heappop(f)[4]
+                o = pop(f)[4]
             elif q:
-                o = heappop(q)[4]
+                o = pop(q)[4]
             else:
                 continue
         k = kind[o]
@@ -267,11 +276,15 @@ def simulate(
             m = mbl[o]
             finish[m] = end
             for w in waiters.pop(m, ()):
-                heappush(events, (max(c.release[w], end), 0, c.first[w]))
+                push(events, (max(release[w], end), 0, first[w]))
         else:
-            heappush(events, (end + hop[o], 0, o + 1))
-        has_event[nd] = True
-        heappush(events, (end + gap[o], 1, nd))
+            push(events, (end + hop[o], 0, o + 1))
+        free_at[nd] = end + gap[o]
+        # the node looks for work when it is free again; with nothing arrived yet the next
+        # arrival asks instead (the same event, at the same time: no empty look)
+        if (fq[nd] or oq[nd]) if seq is None else (pos[nd] < len(seq) and arrived[seq[pos[nd]]]):
+            has_event[nd] = True
+            push(events, (free_at[nd], 1, nd))
 
     unfinished = [c.ids[i] for i, f in enumerate(finish) if f < 0]
     done = [f for f in finish if f >= 0]
@@ -298,5 +311,5 @@ def simulate(
         last_finish_s=last_finish,
         finish_s={c.ids[i]: f for i, f in enumerate(finish) if f >= 0},
         _order=done_order,
-        _tokens=c.token,
+        _compiled=c,
     )
