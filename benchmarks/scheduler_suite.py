@@ -97,8 +97,9 @@ def chart(rows: list[dict], path: Path) -> None:
     ax.set_xticklabels([f"{r['kind']}\nN={r['N']} S={r['S']} L={r['L']}" for r in rows], fontsize=7, rotation=30, ha="right")
     ax.set_ylabel("makespan / floor over every allocation")
     ax.set_ylim(0.9, min(4.0, max(max((r.get(m) or 0) / r["floor"] for m in METHODS) for r in rows) * 1.05))
-    ax.set_title("Scheduler suite: simulated seconds per iteration relative to the floor (lower is better; clipped at 4)")
-    ax.legend(fontsize=8, frameon=False, ncol=5)
+    ax.set_title("Scheduler suite: simulated seconds per iteration relative to the floor (lower is better; clipped at 4)",
+                 pad=24)
+    ax.legend(fontsize=8, frameon=False, ncol=5, loc="lower center", bbox_to_anchor=(0.5, 1.0))  # above the bars
     try:
         save_png(fig, path)
     finally:
