@@ -17,6 +17,9 @@ allocation that a search of minutes can find?" CP-SAT with more than one worker 
 deterministic: runs differ a little.
 
     python3 benchmarks/scheduler_exact.py --kind "single site, uneven" --nodes 24 --seconds 300 --workers 8
+
+``--fix-paths`` keeps ``skippipe``'s paths too and leaves only the processing orders to the solver:
+how far the order search is from the best orders for those paths.
 """
 
 from __future__ import annotations
@@ -162,6 +165,12 @@ class ExactModel:
             for x, lit in v.visits.items():
                 self.model.AddHint(lit, x in mb.path)
 
+    def fix_paths(self, plan: Plan) -> None:
+        """Every microbatch visits exactly the nodes of its path in ``plan``."""
+        for mb, v in zip(plan.microbatches, self.mbs):
+            for x, lit in v.visits.items():
+                self.model.Add(lit == int(x in mb.path))
+
     def to_plan(self, solver: cp_model.CpSolver) -> Plan:
         """The solver's schedule as a plan: paths in stage order, each node's operations in start order."""
         stages = self.plan.stages
@@ -184,6 +193,7 @@ def main() -> None:
     ap.add_argument("--nodes", type=int, default=24)
     ap.add_argument("--seconds", type=float, default=60.0, help="CP-SAT wall-clock limit")
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--fix-paths", action="store_true", help="keep skippipe's paths: only the orders are free")
     args = ap.parse_args()
     cases = [c for c in suite(0, args.nodes) if c.cluster.n == args.nodes and c.kind.startswith(args.kind)]
     if not cases:
@@ -196,11 +206,14 @@ def main() -> None:
     ours = simulate(plan, record=False).makespan_s
     exact = ExactModel(problem, plan)
     exact.hint(plan)
+    if args.fix_paths:
+        exact.fix_paths(plan)
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = args.seconds
     solver.parameters.num_workers = args.workers
     print(f"{case.kind}, {problem.n} nodes: skippipe {ours:.2f} s (planned in {plan_cpu:.1f} s CPU); "
-          f"CP-SAT on its allocation for {args.seconds:.0f} s with {args.workers} workers ...", flush=True)
+          f"CP-SAT on its allocation{' and paths' if args.fix_paths else ''} for {args.seconds:.0f} s with "
+          f"{args.workers} workers ...", flush=True)
     status = solver.Solve(exact.model)
     bound = solver.BestObjectiveBound() / TICKS_PER_S
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
