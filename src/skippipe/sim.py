@@ -92,12 +92,15 @@ class _Compiled:
     release: list[float]
     after: list[int]  # per microbatch: index it waits for, -1 for none
     gap: list[float]  # per operation: idle time of its node afterwards
+    _tokens: list[str] | None = field(default=None, repr=False)
 
     def tokens(self) -> list[str]:
-        """Per operation its processing-order token (``F3``, ``L3``, ``B3``): built only when
-        an order is read or asked for, not in the search's scoring runs."""
-        ids = self.ids
-        return [f"{_KIND_CHAR[k]}{ids[m]}" for k, m in zip(self.kind, self.mb)]
+        """Per operation its processing-order token (``F3``, ``L3``, ``B3``): built on first use
+        (an order read, or asked for after the run), not in the search's scoring runs."""
+        if self._tokens is None:
+            ids = self.ids
+            self._tokens = [f"{_KIND_CHAR[k]}{ids[m]}" for k, m in zip(self.kind, self.mb)]
+        return self._tokens
 
 
 def _compile(plan: Plan) -> _Compiled:
