@@ -71,6 +71,18 @@ def test_only_iterations_every_node_finished_count():
     assert measure([], 3).hop_s == {}
 
 
+def test_a_drift_is_measured_on_its_own_iterations():
+    nodes = _three_nodes(scale=1.0)  # iterations 1..3 usable
+    assert usable_iterations(nodes, 3, since=2) == [2, 3]
+    # drained before node 2 finished iteration 3: the drift's iterations every node finished ...
+    nodes[2].records[:] = [r for r in nodes[2].records if not (r["type"] == "iteration" and r["it"] == 3)]
+    assert usable_iterations(nodes, 2, since=2) == [2]  # not iteration 1, from before the drift
+    # ... or, none of them finished by all, those some node finished
+    nodes[1].records[:] = [r for r in nodes[1].records if not (r["type"] == "iteration" and r["it"] == 2)]
+    assert usable_iterations(nodes, 2, since=2) == [2, 3]
+    assert measure(nodes, 2, since=2).iterations == [2, 3]
+
+
 def test_a_node_with_only_a_backward_or_only_a_forward():
     nodes = _three_nodes(scale=1.0)
     nodes[1].records[:] = [r for r in nodes[1].records if r.get("kind") != "F"]

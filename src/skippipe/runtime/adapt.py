@@ -50,6 +50,7 @@ from skippipe.planner.shrink import original_nodes, shrink_plan
 from skippipe.runtime import elastic as E
 from skippipe.runtime import measured_costs as MC
 from skippipe.runtime.config import JoinEvent
+from skippipe.runtime.drift import DriftEvent
 from skippipe.runtime.emulation import changed_transfer, folded_events, link_changes, network_costs, with_network
 from skippipe.runtime.frozen import thaw
 from skippipe.runtime.join import join_new_node
@@ -149,9 +150,10 @@ def fold_due(plan: Plan, events: Sequence[object], iteration: int) -> tuple[Any,
     return changed_transfer(network_costs(plan).transfer_s, due, iteration), [c.index for c in due]
 
 
-def measured_plan(run_dir: Path, round_index: int, plan: Plan, window: int) -> tuple[Plan, str]:
-    """``plan`` with the costs its workers measured in round ``round_index`` (``measured_costs.py``)."""
-    m = MC.measure(MC.load_measurements(E.round_dir(run_dir, round_index)), window)
+def measured_plan(run_dir: Path, round_index: int, plan: Plan, window: int, since: int = 0) -> tuple[Plan, str]:
+    """``plan`` with the costs its workers measured in round ``round_index`` from iteration ``since``
+    (0-based) on (``measured_costs.py``)."""
+    m = MC.measure(MC.load_measurements(E.round_dir(run_dir, round_index)), window, since)
     transfer, forward = MC.measured_costs(plan.costs.transfer_s, plan.costs.forward_s, plan.costs.backward_factor, m)
     out = with_transfer(plan, transfer)
     out.costs = replace(out.costs, forward_s=forward)
@@ -177,7 +179,9 @@ def replan_after_drain(run_dir: Path, plan: Plan, request: DrainRequested, round
     drift = joiner is None and not isinstance(request.payload, JoinEvent)
     seen = ""
     if drift:  # the planner sees what the workers measured, not the emulator's events
-        old_on_new, seen = measured_plan(run_dir, round_index, base, window)
+        # the drift's window, 0-based like the workers' records (a DriftEvent's iteration is 1-based)
+        since = request.payload.iteration - window if isinstance(request.payload, DriftEvent) else 0
+        old_on_new, seen = measured_plan(run_dir, round_index, base, window, since)
     if isinstance(request.payload, JoinEvent):
         new_plan, joiner, stage_choice = join_new_node(run_dir, base, request.payload, transfer, method, seed)
     elif joiner is not None:

@@ -7,8 +7,9 @@ drains a round (a drift, ``adapt.py``), each worker writes them, with the run's 
 the first iteration of its round, to ``RUN/elastic/round-K/measured/node-NNN.json``
 (``write_measurements``, called beside the stage handoff).
 
-``measure`` keeps the last ``window`` iterations every node finished (the first iteration of a
-round pays for the restart and is left out) and estimates, in plan seconds (real seconds /
+``measure`` keeps the last ``window`` iterations every node finished, from the drift's first
+iteration on (the first iteration of a round pays for the restart and is left out; when the
+drain came before every node finished one of them, those some node finished) and estimates, in plan seconds (real seconds /
 ``time_scale``):
 
 - per directed link ``src -> dst`` that carried a message: the hop time, the median over those
@@ -86,20 +87,23 @@ def load_measurements(folder: Path) -> list[NodeRecords]:
     return out
 
 
-def usable_iterations(nodes: list[NodeRecords], window: int) -> list[int]:
-    """The last ``window`` iterations every node finished, a round's first iteration left out."""
-    if not nodes:
+def usable_iterations(nodes: list[NodeRecords], window: int, since: int = 0) -> list[int]:
+    """The last ``window`` iterations from ``since`` on that every node finished, a round's first
+    iteration left out; when no node finished all of one, those some node finished (their
+    records are as good, there are only fewer of them)."""
+    if not nodes or window <= 0:
         return []
-    done: set[int] | None = None
-    for n in nodes:
-        mine = {int(r["it"]) for r in n.records if r.get("type") == "iteration" and int(r["it"]) > n.first_iteration}
-        done = mine if done is None else done & mine
-    return sorted(done or set())[-window:] if window > 0 else []
+    finished = [{int(r["it"]) for r in n.records if r.get("type") == "iteration" and int(r["it"]) > n.first_iteration
+                 and int(r["it"]) >= since} for n in nodes]
+    done = set.intersection(*finished) or set.union(*finished)
+    return sorted(done)[-window:]
 
 
-def measure(nodes: list[NodeRecords], window: int) -> Measured:
-    """Median hop and operation times (plan seconds) over the last ``window`` complete iterations."""
-    its = usable_iterations(nodes, window)
+def measure(nodes: list[NodeRecords], window: int, since: int = 0) -> Measured:
+    """Median hop and operation times (plan seconds) over the last ``window`` complete iterations
+    from iteration ``since`` (0-based, as in the records) on: a drift's first iteration, the costs
+    before it are not the ones to plan with."""
+    its = usable_iterations(nodes, window, since)
     wanted = set(its)
     hops: dict[tuple[int, int], list[float]] = {}
     ops: dict[tuple[int, str], list[float]] = {}
