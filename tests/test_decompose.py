@@ -194,3 +194,21 @@ def test_islands_get_data_nodes_by_their_makespans():
         assert [len(s) for s in plan.stages] == problem.stage_sizes
     assert sum(moved.meta["data_nodes_moved"]) == problem.stage_sizes[0]
     assert simulate(moved, record=False).makespan_s < simulate(first, record=False).makespan_s
+
+
+def test_a_split_an_island_cannot_carry_is_planned_whole():
+    """Every path through every stage, two islands: the split gives one island's stage too few
+    and too slow nodes for the TC1 caps (``LoadCapsTooSmall``); the whole cluster can be routed,
+    so method ``skippipe`` plans it whole instead of refusing."""
+    from skippipe.cluster_gen import random_global_cluster
+    from skippipe.errors import LoadCapsTooSmall
+    from skippipe.planner.routing.schedule import plan_skippipe
+
+    cluster = random_global_cluster(10, 5, sites=2, speed=(0.2, 3.0), broken=1.0)
+    problem = build_problem(cluster, Workload(num_stages=3, path_length=3, microbatches_per_data_node=2, max_swaps=0))
+    assert len(D.islands(problem.transfer_s)) == 2
+    with pytest.raises(LoadCapsTooSmall):
+        D.decomposed_plan(problem, 0, lambda sub, groups: plan_skippipe(sub, seed=0, budget=50))
+    plan = methods.make_plan("skippipe", problem, seed=0)
+    check_plan(plan)
+    assert "groups" not in plan.meta and simulate(plan, record=False).finished

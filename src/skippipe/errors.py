@@ -34,6 +34,11 @@ class PlanError(UserError):
     """A plan file that cannot be read or breaks a rule."""
 
 
+class LoadCapsTooSmall(UserError):
+    """The stages' per-node load caps (TC1) admit no routing of the microbatches: a planner
+    may try another allocation; the user is told which stages need more nodes."""
+
+
 class ConfigError(UserError):
     """A config file or value that cannot be used, as one line ``WHERE: PROBLEM``.
 

@@ -35,6 +35,9 @@ slowest group's.
    nodes are moved by those makespans (``moved_data_nodes``) and the moved split probed again,
    up to ``REBALANCE_ROUNDS`` times while its slowest island gets quicker; the split that
    probed best is then planned in full.
+6. A split whose island cannot carry the visits of its share under the TC1 caps (every path
+   through every stage and too few or too slow nodes in one island's stage; a
+   ``LoadCapsTooSmall``) is given up and the cluster planned whole.
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import connected_components
 
 from skippipe.cluster import Cluster
-from skippipe.errors import UserError
+from skippipe.errors import LoadCapsTooSmall, UserError
 from skippipe.planfile import Microbatch, Plan
 from skippipe.planner.problem import Problem
 from skippipe.planner.routing.schedule import plan_no_tc2, plan_skippipe, quickest
@@ -348,7 +351,10 @@ def plan_in_groups(
         share = None if time_limit_s is None else 0.02 * time_limit_s
         return plan_skippipe(sub, seed=seed, time_limit_s=share, budget=PROBE_BUDGET)
 
-    split = decomposed_plan(problem, seed, plan_group, probe_group)
+    try:
+        split = decomposed_plan(problem, seed, plan_group, probe_group)
+    except LoadCapsTooSmall:  # an island cannot carry the visits of its share: plan the cluster whole
+        return None
     if split is None:
         return None
     split.predicted_makespan_s = float(simulate(split, record=False).makespan_s)

@@ -37,7 +37,11 @@ adds candidates built for the timeline:
    one allocation where compute is uneven; its work beyond a free allowance charged to the
    budget). Its paths are not searched apart from its orders; when it leads after the first
    search phase its orders get a share of the rest of the budget (``TIMED_ORDERS``) before
-   the second phase of the others.
+   the second phase of the others;
+8. chains kept with their orders (``routing.ordered``): the private-chain and group
+   candidates, where no two data nodes share a node, with their processing orders searched
+   before the path search can trade the chains for paths that look better first come, first
+   served and end worse once ordered; their paths are not searched.
 
 Every candidate is scored by the simulator (``route_eval``, component by component) and
 improved by local search on the critical data node (``route_search``: exchanges of nodes
@@ -72,9 +76,10 @@ from skippipe.planner.routing.candidates import (
     stage_orders,
     timetable_candidates,
 )
-from skippipe.planner.routing.evaluate import Evaluator, Incremental, Route, Score
+from skippipe.planner.routing.evaluate import Evaluator, Route
 from skippipe.planner.routing.exchange import Paths
 from skippipe.planner.routing.groups import group_allocation, private_chains
+from skippipe.planner.routing.ordered import improve_orders, ordered_chains
 from skippipe.planner.routing.search import RouteSearch, SearchLimits
 from skippipe.planner.routing.sequences import RouteCosts, search_width
 from skippipe.sim import simulate
@@ -278,6 +283,9 @@ def plan_skippipe(
         evaluators[id(slow[0].stages)] = slow[1]
         cands.append(slow[0])
     cands += timetable_candidates(problem, cands, seed, evaluators, limits)
+    first_come = min((c.score.makespan for c in cands if not c.timed), default=math.inf)
+    cands += ordered_chains(cands, lambda c, lim: _search(problem, c, evaluators[id(c.stages)], seed, lim), first_come,
+                            deadline)
 
     # phase 1: each promising candidate (within 10 % of the best) descends on its paths with
     # an equal share of 40 % of the budget; phase 2: the best one goes on with iterated local
@@ -301,7 +309,7 @@ def plan_skippipe(
     if timed is not None and timed.score < min(c.score for c in promising):
         # the timetable leads: its processing orders get a share of the rest of the budget
         search = _search(problem, timed, evaluators[id(timed.stages)], seed, _portion(limits, deadline, TIMED_ORDERS))
-        timed.orders, timed.score = _improve_orders(search, timed.routes, timed.score, timed.orders)
+        timed.orders, timed.score = improve_orders(search, timed.routes, timed.score, timed.orders)
         limits.spent += search.limits.spent
     lead_cand = min(promising, key=lambda c: c.score.key())
     search = searches[id(lead_cand)]
@@ -309,7 +317,7 @@ def plan_skippipe(
     lead_cand.routes, lead_cand.score = search.improve_paths(lead_cand.routes, lead_cand.score)
     limits.spent += search.limits.spent
     search.limits = _portion(limits, deadline, 1.0)
-    lead_cand.orders, lead_cand.score = _improve_orders(search, lead_cand.routes, lead_cand.score)
+    lead_cand.orders, lead_cand.score = improve_orders(search, lead_cand.routes, lead_cand.score)
     limits.spent += search.limits.spent
     best = min(cands, key=lambda c: c.score.key())
     base = by_name(cands, "no-tc2")
@@ -346,31 +354,3 @@ def _portion(limits: SearchLimits, deadline: float | None, fraction: float) -> S
     if deadline is not None:
         dl = time.perf_counter() + max(0.0, deadline - time.perf_counter()) * fraction
     return SearchLimits(budget=max(1, int(left * fraction)), deadline=dl)
-
-
-def _improve_orders(
-    search: RouteSearch, routes: list[Route], score: Score, start: dict[int, list[str]] | None = None
-) -> tuple[dict[int, list[str]] | None, Score]:
-    """Processing orders for the critical component, then for the next critical one, until
-    the critical one cannot be improved (its finish is then the makespan); from the orders
-    ``start`` (scored ``score``), which are returned when nothing better is found."""
-    ev = search.ev
-    orders: dict[int, list[str]] = dict(start or {})
-    comps = ev.components(routes)
-    comp_of = {routes[i][0]: k for k, ids in enumerate(comps) for i in ids}
-    finish = {k: ev.component_finish(routes, ids, orders) for k, ids in enumerate(comps)}
-    best = Incremental._combine(finish)
-    while best.latest:
-        k = comp_of[best.latest[0]]
-        if search.limits.done() and not search.knows(routes, comps[k]):
-            break  # out of budget; a component solved before still gets its known orders
-        before = Incremental._combine({0: finish[k]})
-        new_orders, comp_score = search.improve_orders(routes, comps[k], orders)
-        if not comp_score < before:
-            break
-        orders = new_orders
-        finish[k] = ev.component_finish(routes, comps[k], orders)
-        best = Incremental._combine(finish)
-    if not best < score:
-        return start, score
-    return (orders or None), best

@@ -19,7 +19,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from skippipe.errors import UserError
+from skippipe.errors import LoadCapsTooSmall
 from skippipe.planfile import path_rule_violation
 from skippipe.planner.problem import Problem
 
@@ -235,11 +235,11 @@ def stage_cap_sums(caps: list[int], stages: list[list[int]]) -> list[int]:
     return [0] + [int(sum(caps[x] for x in s)) for s in stages[1:]]
 
 
-def tc1_refusal(caps: list[int], stages: list[list[int]], microbatches: int, path_length: int) -> UserError:
+def tc1_refusal(caps: list[int], stages: list[list[int]], microbatches: int, path_length: int) -> LoadCapsTooSmall:
     """The one-line refusal when the stages' TC1 caps admit no routing of ``microbatches``."""
     sums = stage_cap_sums(caps, stages)[1:]
     short = [s + 1 for s, x in enumerate(sums) if x == min(sums)]
-    return UserError(
+    return LoadCapsTooSmall(
         f"no routing respects the per-node load caps (TC1): the stages can take {sums} "
         f"visits, too few for {microbatches} microbatches on paths of {path_length} stages; give stage(s) "
         f"{', '.join(map(str, short))} more nodes (workload stage_sizes, --stage-sizes) or use a shorter path_length"
