@@ -46,6 +46,15 @@ HOLD_LARGEST = 200
 TIMETABLE_NOISE = 0.1
 
 
+# the names of the chain candidates of ``plan_skippipe``: private chains on the allocation,
+# and the groups of the joint allocation
+PRIVATE_CHAINS = "private-chains"
+GROUPS = "groups"
+# a candidate within this factor of the best start (first come, first served) is promising:
+# it takes a share of the path search (and, a chain candidate, is kept with its orders)
+PROMISING = 1.10
+
+
 @dataclass
 class Candidate:
     name: str

@@ -24,18 +24,15 @@ import dataclasses
 import math
 from collections.abc import Callable
 
-from skippipe.planner.routing.candidates import Candidate
+from skippipe.planner.routing.candidates import GROUPS, PRIVATE_CHAINS, PROMISING, Candidate
 from skippipe.planner.routing.evaluate import Incremental, Route, Score
 from skippipe.planner.routing.search import RouteSearch, SearchLimits
 
 # the chain candidates kept with their orders
-CHAIN_CANDIDATES = ("private-chains", "groups")
+CHAIN_CANDIDATES = (PRIVATE_CHAINS, GROUPS)
 # simulations of the order search of each (not charged to the search budget: a component is
 # one data node and its chain, 0.1-0.3 s a candidate)
 CHAIN_ORDER_SIMS = 2000
-# a chain candidate is ordered when first come, first served it is within this factor of the
-# best start (as the candidates that take a share of the path search)
-CHAIN_PROMISING = 1.10
 
 
 def improve_orders(
@@ -70,7 +67,7 @@ def ordered_chains(
     cands: list[Candidate], make_search: Callable[[Candidate, SearchLimits], RouteSearch], lead: float,
     deadline: float | None = None,
 ) -> list[Candidate]:
-    """The chain candidates of ``cands`` within ``CHAIN_PROMISING`` x ``lead`` (the best first
+    """The chain candidates of ``cands`` within ``PROMISING`` x ``lead`` (the best first
     come, first served makespan) where no two data nodes share a node (every component is one
     data node and its chain), each with its processing orders searched for
     ``CHAIN_ORDER_SIMS`` simulations (``make_search(candidate, limits)`` gives the search), as
@@ -79,7 +76,7 @@ def ordered_chains(
     out = []
     for cand in cands:
         span = cand.score.makespan
-        if cand.name not in CHAIN_CANDIDATES or cand.timed or not (math.isfinite(span) and span <= CHAIN_PROMISING * lead):
+        if cand.name not in CHAIN_CANDIDATES or cand.timed or not (math.isfinite(span) and span <= PROMISING * lead):
             continue
         search = make_search(cand, SearchLimits(budget=CHAIN_ORDER_SIMS, deadline=deadline))
         if any(len({cand.routes[i][0] for i in ids}) > 1 for ids in search.ev.components(cand.routes)):

@@ -67,6 +67,9 @@ from skippipe.planner.problem import Problem
 from skippipe.planner.routing.assign import assign_static, round_of
 from skippipe.planner.routing.balanced import balanced_candidate
 from skippipe.planner.routing.candidates import (
+    GROUPS,
+    PRIVATE_CHAINS,
+    PROMISING,
     Candidate,
     by_name,
     data_node_candidate,
@@ -257,7 +260,7 @@ def plan_skippipe(
     cands = [Candidate("no-tc2", stages, base_routes, ev.score(base_routes))]
     routes = chain_candidate(problem, stages, caps, seqs, deadline)
     if routes is not None:
-        cands.append(Candidate("private-chains", stages, routes, ev.score(routes)))
+        cands.append(Candidate(PRIVATE_CHAINS, stages, routes, ev.score(routes)))
     balanced = balanced_candidate(problem, stages, caps, seqs, ev)
     if balanced is not None:
         cands.append(Candidate("balanced", stages, *balanced, balanced=True, searched_only_if_best=True))
@@ -277,7 +280,7 @@ def plan_skippipe(
             g_ev = Evaluator(problem, g_stages)
             evaluators[id(g_stages)] = g_ev
             routes = chain_routes(g_stages, g_chains, m)
-            cands.append(Candidate("groups", g_stages, routes, g_ev.score(routes)))
+            cands.append(Candidate(GROUPS, g_stages, routes, g_ev.score(routes)))
     slow = slow_link_candidate(problem, cands, dealings)
     if slow is not None:
         evaluators[id(slow[0].stages)] = slow[1]
@@ -293,7 +296,7 @@ def plan_skippipe(
     # (a timetable's paths go with its orders: they are not searched, its orders are below)
     searchable = sorted((c for c in cands if not c.timed), key=lambda c: c.score.key())
     lead = searchable[0].score.makespan
-    promising = [c for c in searchable if c.score.makespan <= 1.10 * lead] if math.isfinite(lead) else searchable[:1]
+    promising = [c for c in searchable if c.score.makespan <= PROMISING * lead] if math.isfinite(lead) else searchable[:1]
     # the balanced routing and the data-node exchanges take a share of the search only when best
     promising = [c for c in promising if not c.searched_only_if_best or c is searchable[0]]
     searches = {}
