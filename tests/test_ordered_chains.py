@@ -6,7 +6,7 @@ from skippipe.cluster_gen import single_site_cluster
 from skippipe.planner.allocation import allocate
 from skippipe.planner.methods import make_plan
 from skippipe.planner.problem import build_problem
-from skippipe.planner.routing.candidates import Candidate, stage_orders
+from skippipe.planner.routing.candidates import PRIVATE_CHAINS, Candidate, stage_orders
 from skippipe.planner.routing.evaluate import Evaluator
 from skippipe.planner.routing.ordered import CHAIN_CANDIDATES, ordered_chains
 from skippipe.planner.routing.schedule import build_plan, chain_candidate
@@ -22,7 +22,7 @@ def _chains(seed: int):
     caps, seqs = problem.load_caps(stages), stage_orders(problem, stages)
     routes = chain_candidate(problem, stages, caps, seqs, None)
     ev = Evaluator(problem, stages)
-    cand = Candidate("private-chains", stages, routes, ev.score(routes))
+    cand = Candidate(PRIVATE_CHAINS, stages, routes, ev.score(routes))
 
     def make_search(c, limits):
         return RouteSearch(ev, c.stages, caps, seqs, seed, limits)
@@ -34,7 +34,7 @@ def test_a_chain_candidate_is_kept_with_its_orders():
     problem, cand, make_search = _chains(seed=1)
     assert len({d for d, _ in cand.routes}) == 6 and all(len(set(p)) == 2 for _, p in cand.routes)
     (ordered,) = ordered_chains([cand], make_search, lead=cand.score.makespan)
-    assert ordered.timed and ordered.name == "private-chains (ordered)"
+    assert ordered.timed and ordered.name == f"{PRIVATE_CHAINS} (ordered)"
     assert ordered.routes == cand.routes  # the paths stay the chains
     assert ordered.score < cand.score  # first come, first served 66.60 s
     plan = build_plan(problem, cand.stages, ordered.routes, "skippipe", 1, ordered.orders)

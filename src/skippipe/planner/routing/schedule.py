@@ -286,16 +286,16 @@ def plan_skippipe(
         evaluators[id(slow[0].stages)] = slow[1]
         cands.append(slow[0])
     cands += timetable_candidates(problem, cands, seed, evaluators, limits)
-    first_come = min((c.score.makespan for c in cands if not c.timed), default=math.inf)
-    cands += ordered_chains(cands, lambda c, lim: _search(problem, c, evaluators[id(c.stages)], seed, lim), first_come,
+    # the starts whose paths are searched, and the best of them first come, first served
+    searchable = sorted((c for c in cands if not c.timed), key=lambda c: c.score.key())
+    lead = searchable[0].score.makespan
+    cands += ordered_chains(cands, lambda c, lim: _search(problem, c, evaluators[id(c.stages)], seed, lim), lead,
                             deadline)
 
     # phase 1: each promising candidate (within 10 % of the best) descends on its paths with
     # an equal share of 40 % of the budget; phase 2: the best one goes on with iterated local
     # search on its paths (half of the rest) and then on its processing orders
     # (a timetable's paths go with its orders: they are not searched, its orders are below)
-    searchable = sorted((c for c in cands if not c.timed), key=lambda c: c.score.key())
-    lead = searchable[0].score.makespan
     promising = [c for c in searchable if c.score.makespan <= PROMISING * lead] if math.isfinite(lead) else searchable[:1]
     # the balanced routing and the data-node exchanges take a share of the search only when best
     promising = [c for c in promising if not c.searched_only_if_best or c is searchable[0]]
