@@ -9,8 +9,8 @@ the first iteration of its round, to ``RUN/elastic/round-K/measured/node-NNN.jso
 
 ``measure`` keeps the last ``window`` iterations every node finished, from the drift's first
 iteration on (the first iteration of a round pays for the restart and is left out; when the
-drain came before every node finished one of them, those some node finished) and estimates, in plan seconds (real seconds /
-``time_scale``):
+drain came before every node finished one of them, those some node finished) and estimates,
+in plan seconds (real seconds / ``time_scale``):
 
 - per directed link ``src -> dst`` that carried a message: the hop time, the median over those
   iterations of ``arrived_at - sent_at`` (the emulated or real delay plus the sender's and the

@@ -86,4 +86,3 @@ def ordered_chains(
             out.append(dataclasses.replace(cand, name=f"{cand.name} (ordered)", routes=list(cand.routes),
                                            score=score, orders=orders, timed=True))
     return out
-
