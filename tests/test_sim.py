@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import subprocess
@@ -15,7 +16,8 @@ from hypothesis import strategies as st
 from skippipe.bounds import compute_bound, data_node_floor, lower_bound, memory_floor
 from skippipe.errors import PlanError
 from skippipe.planfile import Constraints, Costs, Microbatch, Plan, path_rule_violation, plan_violations
-from skippipe.sim import simulate
+from skippipe.sim import route_finish_times, simulate
+from skippipe.sim_ops import RouteOps
 
 
 def make_plan(
@@ -249,6 +251,23 @@ def random_plans(draw):
     plan = make_plan(stages, hops, forward, mbs, memory=memory, path_length=L)
     assert plan_violations(plan) == []
     return plan
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(random_plans(), st.randoms(use_true_random=False))
+def test_route_finish_times_equal_a_plan_simulation(plan, rnd):
+    """The planner's scoring runs (cached route segments, no plan built) finish every microbatch
+    exactly when ``simulate`` does, first come first served and under processing orders (a
+    shuffled one may deadlock: -1 there, missing from ``finish_s`` here)."""
+    plan = dataclasses.replace(plan, microbatches=[Microbatch(m.id, m.data_node, m.path) for m in plan.microbatches])
+    route_ops = RouteOps(plan.costs)
+    mbs = [(m.id, m.data_node, tuple(m.path)) for m in plan.microbatches]
+    order = simulate(plan).processing_order()
+    shuffled = {x: rnd.sample(ops, len(ops)) for x, ops in order.items()}
+    for o in (None, order, shuffled):
+        res = simulate(plan, processing_order=o, record=False, bound=False)
+        got = route_finish_times(route_ops, mbs, list(plan.memory), o)
+        assert got == [res.finish_s.get(m.id, -1.0) for m in plan.microbatches]
 
 
 def check_timeline(plan: Plan, res) -> None:

@@ -32,14 +32,9 @@ import math
 from dataclasses import dataclass, field
 from heapq import heappop, heappush
 
-import numpy as np
+from skippipe.planfile import Plan
+from skippipe.sim_ops import BWD, FWD, INJECT, KIND_CHAR, OpTables, RouteOps, order_lists, plan_tables
 
-from skippipe.errors import PlanError
-from skippipe.planfile import Plan, parse_op
-
-# operation kinds, as stored in the flat op tables
-_INJECT, _FWD, _LOSS, _BWD = 0, 1, 2, 3
-_KIND_CHAR = ("F", "F", "L", "B")
 # tie rank when two operations arrived at the same moment: backward, loss, forward first
 _RANK = (2, 2, 1, 0)
 
@@ -65,7 +60,7 @@ class SimResult:
     last_finish_s: float = 0.0  # last backward finished, counting finished microbatches only
     finish_s: dict[int, float] = field(default_factory=dict)  # microbatch id -> last backward end
     _order: list[list[int]] = field(default_factory=list, repr=False)  # executed op indices per node
-    _compiled: _Compiled | None = field(default=None, repr=False)  # the plan's op tables (tokens on demand)
+    _compiled: OpTables | None = field(default=None, repr=False)  # the plan's op tables (tokens on demand)
 
     def processing_order(self) -> dict[int, list[str]]:
         """Executed order per node, e.g. ``{3: ["F0", "F5", "B0", ...]}`` (nodes with work only)."""
@@ -75,111 +70,6 @@ class SimResult:
     def idle_s(self) -> list[float]:
         end = self.makespan_s if self.finished else self.last_finish_s
         return [max(0.0, end - b) for b in self.busy_s]
-
-
-@dataclass
-class _Compiled:
-    """The plan flattened into per-operation lists (one entry per operation)."""
-
-    node: list[int]
-    dur: list[float]
-    hop: list[float]  # transfer time to the next operation's node
-    kind: list[int]
-    mb: list[int]  # microbatch index
-    first: list[int]  # per microbatch: index of its injection
-    last: list[int]  # per microbatch: index of its final backward
-    ids: list[int]
-    release: list[float]
-    after: list[int]  # per microbatch: index it waits for, -1 for none
-    gap: list[float]  # per operation: idle time of its node afterwards
-    _tokens: list[str] | None = field(default=None, repr=False)
-
-    def tokens(self) -> list[str]:
-        """Per operation its processing-order token (``F3``, ``L3``, ``B3``): built on first use
-        (an order read, or asked for after the run), not in the search's scoring runs."""
-        if self._tokens is None:
-            ids = self.ids
-            self._tokens = [f"{_KIND_CHAR[k]}{ids[m]}" for k, m in zip(self.kind, self.mb)]
-        return self._tokens
-
-
-def _compile(plan: Plan) -> _Compiled:
-    costs = plan.costs
-    fwd = np.asarray(costs.forward_s, dtype=float)
-    T = np.asarray(costs.transfer_s, dtype=float)
-    n = fwd.shape[0]
-    ids = [mb.id for mb in plan.microbatches]
-    index = {mb_id: i for i, mb_id in enumerate(ids)}
-    if len(index) != len(ids):
-        raise PlanError("simulate: microbatch ids must be unique")
-    node: list[int] = []
-    nxt: list[int] = []
-    kind: list[int] = []
-    first: list[int] = []
-    last: list[int] = []
-    sizes: list[int] = []
-    after: list[int] = []
-    for mb in plan.microbatches:
-        d = mb.data_node
-        path = list(mb.path)
-        k = len(path)
-        back = path[::-1]
-        first.append(len(node))
-        # F@d, F@path..., L@d, B@path reversed..., B@d
-        node += [d, *path, d, *back, d]
-        nxt += [*path, d, back[0] if k else d, *((back[1:] + [d]) if k else []), d]
-        kind += [_INJECT, *([_FWD] * k), _LOSS, *([_BWD] * (k + 1))]
-        last.append(len(node) - 1)
-        sizes.append(2 * k + 3)
-        if mb.after is None:
-            after.append(-1)
-        elif mb.after not in index:
-            raise PlanError(f"simulate: microbatch {mb.id} waits for microbatch {mb.after}, which does not exist")
-        else:
-            after.append(index[mb.after])
-    node_a = np.asarray(node, dtype=np.int64)
-    if node and (node_a.min() < 0 or node_a.max() >= n):
-        bad = next(mb.id for mb in plan.microbatches if any(not 0 <= x < n for x in (mb.data_node, *mb.path)))
-        raise PlanError(f"simulate: microbatch {bad} visits a node outside 0..{n - 1}")
-    kind_a = np.asarray(kind, dtype=np.int64)
-    mult = np.array([costs.op_factor(_KIND_CHAR[k]) for k in range(4)])
-    gaps = np.array([float(costs.inject_gap_s)] + [float(costs.op_gap_s)] * 3)
-    mbl = np.repeat(np.arange(len(ids)), sizes).tolist()
-    return _Compiled(
-        node=node,
-        dur=(fwd[node_a] * mult[kind_a]).tolist() if node else [],
-        hop=T[node_a, np.asarray(nxt, dtype=np.int64)].tolist() if node else [],
-        kind=kind, mb=mbl, first=first, last=last, ids=ids,
-        release=[float(mb.release_s) for mb in plan.microbatches], after=after,
-        gap=gaps[kind_a].tolist() if node else [],
-    )
-
-
-def _order_lists(c: _Compiled, n: int, order: dict[int, list[str]]) -> list[list[int] | None]:
-    """Processing order tokens -> per-node lists of operation indices (None: serve FIFO)."""
-    by_token: list[dict[str, int]] = [{} for _ in range(n)]
-    for o, (x, tok) in enumerate(zip(c.node, c.tokens())):
-        by_token[x][tok] = o
-    out: list[list[int] | None] = [None] * n
-    for key, ops in order.items():
-        x = int(key)
-        if not 0 <= x < n:
-            raise PlanError(f"simulate: processing order names node {x}, but nodes are 0..{n - 1}")
-        want = by_token[x]
-        seq = []
-        for tok in ops:
-            if tok not in want:
-                parse_op(tok)  # a malformed token gets its own message
-                raise PlanError(f"simulate: processing order of node {x} lists {tok}, which node {x} does not perform")
-            seq.append(want[tok])
-        if len(set(seq)) != len(seq) or len(seq) != len(want):
-            missing = sorted(set(want) - set(ops))
-            raise PlanError(
-                f"simulate: processing order of node {x} must list each of its {len(want)} operations once"
-                + (f" (missing {missing[:4]})" if missing else " (duplicates)")
-            )
-        out[x] = seq
-    return out
 
 
 def simulate(
@@ -195,107 +85,20 @@ def simulate(
     skips the per-operation records (the fast mode for search loops); ``bound=False`` skips the
     lower bound (``lower_bound_s`` is then 0.0).
     """
-    c = _compile(plan)
+    c = plan_tables(plan)
     n = plan.n_nodes
     order = processing_order if processing_order is not None else plan.processing_order
-    fixed = _order_lists(c, n, order) if order else [None] * n
+    fixed = order_lists(c, n, order) if order else [None] * n
+    finish, busy, done_order, start, ready = _run(c, n, [int(m) for m in plan.memory], fixed)
 
-    node, dur, hop, kind, mbl, gap = c.node, c.dur, c.hop, c.kind, c.mb, c.gap
-    last = c.last
-    slots = [int(m) for m in plan.memory]
-    busy = [0.0] * n
-    done_order: list[list[int]] = [[] for _ in range(n)]
-    fq: list[list[tuple]] = [[] for _ in range(n)]  # arrived forwards (need a slot)
-    oq: list[list[tuple]] = [[] for _ in range(n)]  # arrived loss / backward
-    arrived = [False] * len(node)
-    pos = [0] * n  # next index into a fixed order
-    has_event = [False] * n  # a free/dispatch event is pending for the node
-    free_at = [0.0] * n  # when the node's last operation and its gap end
-    finish = [-1.0] * len(c.ids)
-    start = [-1.0] * len(node)
-    ready = [-1.0] * len(node)
-    ids = c.ids
-    waiters: dict[int, list[int]] = {}
-    events: list[tuple] = []  # (time, 0 = arrival | 1 = node free, op or node)
-    push, pop = heappush, heappop  # local names: this loop is the planner's hot path
-    op_id = [ids[m] for m in mbl]  # per operation its microbatch id (queue tie-break)
-    release, first = c.release, c.first
-
-    for i, (rel, dep) in enumerate(zip(c.release, c.after)):
-        if dep < 0:
-            heappush(events, (rel, 0, c.first[i]))
-        else:
-            waiters.setdefault(dep, []).append(i)
-
-    while events:
-        t, typ, x = pop(events)
-        if typ == 0:  # operation x arrives at its node
-            nd = node[x]
-            ready[x] = t
-            k = kind[x]
-            if fixed[nd] is not None:
-                arrived[x] = True
-            elif k == _INJECT:  # new work waits behind arrived in-flight work
-                push(fq[nd], (1, t, 3, op_id[x], x))
-            elif k == _FWD:
-                push(fq[nd], (0, t, 2, op_id[x], x))
-            else:
-                push(oq[nd], (0, t, _RANK[k], op_id[x], x))
-            if not has_event[nd]:
-                has_event[nd] = True
-                ft = free_at[nd]
-                push(events, (ft if ft > t else t, 1, nd))
-            continue
-
-        nd = x  # node nd is free at t: pick its next operation
-        has_event[nd] = False
-        seq = fixed[nd]
-        if seq is not None:
-            p = pos[nd]
-            if p >= len(seq):
-                continue
-            o = seq[p]
-            if not arrived[o] or (kind[o] <= _FWD and slots[nd] <= 0):
-                continue  # wait for its arrival (or, deadlocked, for a slot that never frees)
-            pos[nd] = p + 1
-        else:
-            f, q = fq[nd], oq[nd]
-            if f and slots[nd] > 0 and (not q or f[0] < q[0]):
-                o = pop(f)[4]
-            elif q:
-                o = pop(q)[4]
-            else:
-                continue
-        k = kind[o]
-        if k <= _FWD:
-            slots[nd] -= 1
-        elif k == _BWD:
-            slots[nd] += 1
-        end = t + dur[o]
-        start[o] = t
-        busy[nd] += dur[o]
-        done_order[nd].append(o)
-        if o == last[mbl[o]]:
-            m = mbl[o]
-            finish[m] = end
-            for w in waiters.pop(m, ()):
-                push(events, (max(release[w], end), 0, first[w]))
-        else:
-            push(events, (end + hop[o], 0, o + 1))
-        free_at[nd] = end + gap[o]
-        # the node looks for work when it is free again; with nothing arrived yet the next
-        # arrival asks instead (the same event, at the same time: no empty look)
-        if (fq[nd] or oq[nd]) if seq is None else (pos[nd] < len(seq) and arrived[seq[pos[nd]]]):
-            has_event[nd] = True
-            push(events, (free_at[nd], 1, nd))
-
-    unfinished = [c.ids[i] for i, f in enumerate(finish) if f < 0]
+    ids, mbl, kind, dur = c.ids, c.mb, c.kind, c.dur
+    unfinished = [ids[i] for i, f in enumerate(finish) if f < 0]
     done = [f for f in finish if f >= 0]
     last_finish = max(done) if done else 0.0
     ops: list[OpRecord] = []
     if record:
         ops = [
-            OpRecord(nd, ids[mbl[o]], _KIND_CHAR[kind[o]], start[o], start[o] + dur[o], ready[o])
+            OpRecord(nd, ids[mbl[o]], KIND_CHAR[kind[o]], start[o], start[o] + dur[o], ready[o])
             for nd, nd_ops in enumerate(done_order)
             for o in nd_ops
         ]
@@ -316,3 +119,112 @@ def simulate(
         _order=done_order,
         _compiled=c,
     )
+
+
+def route_finish_times(
+    route_ops: RouteOps, microbatches: list[tuple[int, int, tuple[int, ...]]], memory: list[int],
+    processing_order: dict[int, list[str]] | None = None,
+) -> list[float]:
+    """The finish time of each ``(id, data node, path)`` microbatch (released at 0, none waiting
+    for another) on the nodes of ``route_ops``, -1 for one that never finishes: what ``simulate``
+    gives for a plan of just these microbatches, without building the plan (the planner's
+    scoring runs)."""
+    c = route_ops.tables(microbatches)
+    n = route_ops.n
+    fixed = order_lists(c, n, processing_order) if processing_order else [None] * n
+    return _run(c, n, list(memory), fixed)[0]
+
+
+def _run(
+    c: OpTables, n: int, slots: list[int], fixed: list[list[int] | None]
+) -> tuple[list[float], list[float], list[list[int]], list[float], list[float]]:
+    """The event loop: per microbatch its finish (-1: never), per node its busy seconds and
+    executed operations, per operation its start and ready time. ``slots`` is used up."""
+    node, dur, hop, kind, mbl, gap = c.node, c.dur, c.hop, c.kind, c.mb, c.gap
+    last = c.last
+    busy = [0.0] * n
+    done_order: list[list[int]] = [[] for _ in range(n)]
+    fq: list[list[tuple]] = [[] for _ in range(n)]  # arrived forwards (need a slot)
+    oq: list[list[tuple]] = [[] for _ in range(n)]  # arrived loss / backward
+    arrived = [False] * len(node)
+    pos = [0] * n  # next index into a fixed order
+    has_event = [False] * n  # a free/dispatch event is pending for the node
+    free_at = [0.0] * n  # when the node's last operation and its gap end
+    finish = [-1.0] * len(c.ids)
+    start = [-1.0] * len(node)
+    ready = [-1.0] * len(node)
+    waiters: dict[int, list[int]] = {}
+    events: list[tuple] = []  # (time, 0 = arrival | 1 = node free, op or node)
+    push, pop = heappush, heappop  # local names: this loop is the planner's hot path
+    op_id = c.op_id
+    release, first = c.release, c.first
+
+    for i, (rel, dep) in enumerate(zip(c.release, c.after)):
+        if dep < 0:
+            heappush(events, (rel, 0, c.first[i]))
+        else:
+            waiters.setdefault(dep, []).append(i)
+
+    while events:
+        t, typ, x = pop(events)
+        if typ == 0:  # operation x arrives at its node
+            nd = node[x]
+            ready[x] = t
+            k = kind[x]
+            if fixed[nd] is not None:
+                arrived[x] = True
+            elif k == INJECT:  # new work waits behind arrived in-flight work
+                push(fq[nd], (1, t, 3, op_id[x], x))
+            elif k == FWD:
+                push(fq[nd], (0, t, 2, op_id[x], x))
+            else:
+                push(oq[nd], (0, t, _RANK[k], op_id[x], x))
+            if not has_event[nd]:
+                has_event[nd] = True
+                ft = free_at[nd]
+                push(events, (ft if ft > t else t, 1, nd))
+            continue
+
+        nd = x  # node nd is free at t: pick its next operation
+        has_event[nd] = False
+        seq = fixed[nd]
+        if seq is not None:
+            p = pos[nd]
+            if p >= len(seq):
+                continue
+            o = seq[p]
+            if not arrived[o] or (kind[o] <= FWD and slots[nd] <= 0):
+                continue  # wait for its arrival (or, deadlocked, for a slot that never frees)
+            pos[nd] = p + 1
+        else:
+            f, q = fq[nd], oq[nd]
+            if f and slots[nd] > 0 and (not q or f[0] < q[0]):
+                o = pop(f)[4]
+            elif q:
+                o = pop(q)[4]
+            else:
+                continue
+        k = kind[o]
+        if k <= FWD:
+            slots[nd] -= 1
+        elif k == BWD:
+            slots[nd] += 1
+        end = t + dur[o]
+        start[o] = t
+        busy[nd] += dur[o]
+        done_order[nd].append(o)
+        if o == last[mbl[o]]:
+            m = mbl[o]
+            finish[m] = end
+            for w in waiters.pop(m, ()):
+                push(events, (max(release[w], end), 0, first[w]))
+        else:
+            push(events, (end + hop[o], 0, o + 1))
+        free_at[nd] = end + gap[o]
+        # the node looks for work when it is free again; with nothing arrived yet the next
+        # arrival asks instead (the same event, at the same time: no empty look)
+        if (fq[nd] or oq[nd]) if seq is None else (pos[nd] < len(seq) and arrived[seq[pos[nd]]]):
+            has_event[nd] = True
+            push(events, (free_at[nd], 1, nd))
+
+    return finish, busy, done_order, start, ready

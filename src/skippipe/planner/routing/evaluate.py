@@ -2,11 +2,12 @@
 
 Microbatches that share no node never wait for each other, so a routing splits into
 *components* (microbatches linked through the nodes they use, data node included) that the
-simulator can run separately: each component is simulated as a small plan of its own nodes
-(re-indexed), and the iteration's makespan is the largest component makespan. This is the same
-simulator on the same operations, so the numbers are exactly those of a whole-plan simulation
-(a test checks it); it only avoids re-simulating the parts a search move did not touch, and it
-keeps each simulation small at 1,000 nodes. Results are cached by content.
+simulator can run separately: each component runs on its routes' operation segments
+(``sim.route_finish_times``; a route's segment is built once per evaluator), and the iteration's
+makespan is the largest component makespan. This is the same simulator on the same operations,
+so the numbers are exactly those of a whole-plan simulation (tests check both steps); it only
+avoids re-simulating the parts a search move did not touch, and it keeps each simulation small
+at 1,000 nodes. Results are cached by content.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ import numpy as np
 
 from skippipe.planfile import Constraints, Costs, Microbatch, Plan
 from skippipe.planner.problem import Problem
-from skippipe.sim import simulate
+from skippipe.sim import route_finish_times, simulate
+from skippipe.sim_ops import RouteOps
 
 Route = tuple[int, tuple[int, ...]]  # (data node, path)
 
@@ -61,6 +63,9 @@ class Evaluator:
         cm = problem.cost_model
         self.factors = (cm.backward_factor, cm.loss_factor, cm.inject_gap_s, cm.op_gap_s)
         self.path_length = problem.workload.path_length
+        bf, lf, g_inj, g_op = self.factors
+        self.route_ops = RouteOps(Costs(transfer_s=self.transfer, forward_s=self.forward, backward_factor=bf,
+                                        loss_factor=lf, inject_gap_s=g_inj, op_gap_s=g_op))
         self.cache: dict[tuple, dict[int, float]] = {}
         self.simulations = 0
 
@@ -120,13 +125,15 @@ class Evaluator:
         hit = self.cache.get(key)
         if hit is not None:
             return hit
-        plan, _ = self.subplan(routes, ids, orders)
+        order = None
+        if orders:
+            order = {x: orders[x] for i in ids for x in (routes[i][0], *routes[i][1]) if x in orders}
         self.simulations += 1
-        res = simulate(plan, record=False, bound=False)
+        finish = route_finish_times(self.route_ops, [(i, *routes[i]) for i in ids], self.memory, order)
         out: dict[int, float] = {}
-        for i in ids:
+        for i, f in zip(ids, finish):
             d = routes[i][0]
-            out[d] = max(out.get(d, 0.0), res.finish_s.get(i, math.inf))
+            out[d] = max(out.get(d, 0.0), f if f >= 0 else math.inf)
         if len(self.cache) > 200_000:
             self.cache.clear()
         self.cache[key] = out
