@@ -262,12 +262,23 @@ def test_route_finish_times_equal_a_plan_simulation(plan, rnd):
     plan = dataclasses.replace(plan, microbatches=[Microbatch(m.id, m.data_node, m.path) for m in plan.microbatches])
     route_ops = RouteOps(plan.costs)
     mbs = [(m.id, m.data_node, tuple(m.path)) for m in plan.microbatches]
-    order = simulate(plan).processing_order()
-    shuffled = {x: rnd.sample(ops, len(ops)) for x, ops in order.items()}
-    for o in (None, order, shuffled):
+    first = simulate(plan)
+    orders: list[dict[int, list[str]] | None] = [None]
+    if first.finished:  # a complete executed order, and the same operations shuffled
+        order = first.processing_order()
+        orders += [order, {x: rnd.sample(ops, len(ops)) for x, ops in order.items()}]
+    # the same routes on a cluster of many more nodes (their state kept for the used ones alone)
+    n, extra = plan.n_nodes, 5 * plan.n_nodes
+    wide = RouteOps(Costs(transfer_s=np.pad(plan.costs.transfer_s, (0, extra), constant_values=1.0),
+                          forward_s=np.pad(plan.costs.forward_s, (0, extra), constant_values=1.0),
+                          backward_factor=plan.costs.backward_factor, loss_factor=plan.costs.loss_factor,
+                          inject_gap_s=plan.costs.inject_gap_s, op_gap_s=plan.costs.op_gap_s))
+    assert wide.n == n + extra
+    for o in orders:
         res = simulate(plan, processing_order=o, record=False, bound=False)
-        got = route_finish_times(route_ops, mbs, list(plan.memory), o)
-        assert got == [res.finish_s.get(m.id, -1.0) for m in plan.microbatches]
+        want = [res.finish_s.get(m.id, -1.0) for m in plan.microbatches]
+        assert route_finish_times(route_ops, mbs, list(plan.memory), o) == want
+        assert route_finish_times(wide, mbs, list(plan.memory) + [1] * extra, o) == want
 
 
 def check_timeline(plan: Plan, res) -> None:

@@ -131,8 +131,16 @@ def route_finish_times(
     scoring runs)."""
     c = route_ops.tables(microbatches)
     n = route_ops.n
+    slots = list(memory)
+    used = sorted({x for _, d, path in microbatches for x in (d, *path)})
+    if 4 * len(used) < n:  # a few nodes of many: per-node state for those alone (same order of nodes)
+        local = {x: k for k, x in enumerate(used)}
+        c.node = [local[x] for x in c.node]
+        n, slots = len(used), [slots[x] for x in used]
+        if processing_order:
+            processing_order = {local[x]: ops for x, ops in processing_order.items()}
     fixed = order_lists(c, n, processing_order) if processing_order else [None] * n
-    return _run(c, n, list(memory), fixed)[0]
+    return _run(c, n, slots, fixed)[0]
 
 
 def _run(
