@@ -115,7 +115,7 @@ def simulate(
         busy_s=busy,
         lower_bound_s=lb,
         last_finish_s=last_finish,
-        finish_s={c.ids[i]: f for i, f in enumerate(finish) if f >= 0},
+        finish_s={ids[i]: f for i, f in enumerate(finish) if f >= 0},
         _order=done_order,
         _compiled=c,
     )
@@ -132,11 +132,11 @@ def route_finish_times(
     c = route_ops.tables(microbatches)
     n = route_ops.n
     slots = list(memory)
-    used = sorted({x for _, d, path in microbatches for x in (d, *path)})
+    used = {x for _, d, path in microbatches for x in (d, *path)}
     if 4 * len(used) < n:  # a few nodes of many: per-node state for those alone (same order of nodes)
-        local = {x: k for k, x in enumerate(used)}
+        local = {x: k for k, x in enumerate(sorted(used))}
         c.node = [local[x] for x in c.node]
-        n, slots = len(used), [slots[x] for x in used]
+        n, slots = len(local), [slots[x] for x in local]
         if processing_order:
             processing_order = {local[x]: ops for x, ops in processing_order.items()}
     fixed = order_lists(c, n, processing_order) if processing_order else [None] * n

@@ -52,6 +52,12 @@ class OpTables:
         return self._tokens
 
 
+def kind_costs(costs: Costs) -> tuple[list[float], list[float]]:
+    """Per operation kind: its multiple of the node's forward time, and its node's idle gap after it."""
+    factor = [float(costs.op_factor(KIND_CHAR[k])) for k in range(4)]
+    return factor, [float(costs.inject_gap_s)] + [float(costs.op_gap_s)] * 3
+
+
 def route_layout(data_node: int, path: Sequence[int]) -> tuple[list[int], list[int], list[int]]:
     """Per operation of one route: its node, the node of the operation after it, its kind."""
     d, k = data_node, len(path)
@@ -70,8 +76,7 @@ class RouteOps:
         self._fwd = np.asarray(costs.forward_s, dtype=float).tolist()
         self._transfer = np.asarray(costs.transfer_s, dtype=float)
         self._rows: dict[int, list[float]] = {}  # transfer rows as lists, on first use
-        self._factor = [float(costs.op_factor(KIND_CHAR[k])) for k in range(4)]
-        self._gap = [float(costs.inject_gap_s)] + [float(costs.op_gap_s)] * 3
+        self._factor, self._gap = kind_costs(costs)
         self._segments: dict[tuple[int, tuple[int, ...]], Segment] = {}
 
     def segment(self, data_node: int, path: tuple[int, ...]) -> Segment:
@@ -163,8 +168,7 @@ def plan_tables(plan: Plan) -> OpTables:
         last.append(len(node) - 1)
     costs = plan.costs
     node_a, kind_a = np.asarray(node, dtype=np.int64), np.asarray(kind, dtype=np.int64)
-    factor = np.array([costs.op_factor(KIND_CHAR[k]) for k in range(4)], dtype=float)
-    gaps = np.array([float(costs.inject_gap_s)] + [float(costs.op_gap_s)] * 3)
+    factor, gaps = (np.asarray(v, dtype=float) for v in kind_costs(costs))
     fwd = np.asarray(costs.forward_s, dtype=float)
     transfer = np.asarray(costs.transfer_s, dtype=float)
     return OpTables(
