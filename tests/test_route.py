@@ -22,7 +22,7 @@ from skippipe.planner.problem import build_problem
 from skippipe.planner.routing.assign import sequence_quotas
 from skippipe.planner.routing.evaluate import Evaluator, Incremental
 from skippipe.planner.routing.schedule import plan_no_tc2, plan_skippipe
-from skippipe.planner.routing.sequences import RouteCosts, cheapest_path, node_classes, stage_sequences
+from skippipe.planner.routing.sequences import RouteCosts, cheapest_path, node_classes, prefix_tree, stage_sequences
 from skippipe.reference import reference_problem, reference_stages
 from skippipe.sim import simulate
 from skippipe.workload import Workload, least_max_jump
@@ -371,3 +371,20 @@ def test_no_tc2_is_no_worse_than_the_reference_no_tc2_plan():
     ours = simulate(plan_no_tc2(reference_problem("current")), record=False).makespan_s
     theirs = simulate(reference_plan("current", "nonca"), record=False).makespan_s
     assert ours <= theirs
+
+
+@given(st.integers(2, 9), st.integers(2, 5), st.integers(0, 2), st.integers(1, 4))
+def test_prefix_tree_rebuilds_every_stage_order_from_distinct_prefixes(stages, length, swaps, jump):
+    seqs = stage_sequences(stages, min(length, stages), swaps, jump)
+    if not seqs:
+        return
+    levels = prefix_tree(seqs)
+    assert len(levels) == len(seqs[0])
+    assert list(levels[-1].stage) == [s[-1] for s in seqs]  # the last level keeps the orders' order
+    rebuilt = [[int(s)] for s in levels[0].stage]
+    for level in levels[1:]:
+        rebuilt = [[*rebuilt[int(p)], int(s)] for s, p in zip(level.stage, level.parent, strict=True)]
+        assert len({tuple(r) for r in rebuilt}) == len(rebuilt)  # each prefix once
+    assert [tuple(r) for r in rebuilt] == list(seqs)
+    for i, level in enumerate(levels[:-1]):
+        assert len(level.stage) == len({s[: i + 1] for s in seqs})

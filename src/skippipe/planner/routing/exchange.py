@@ -67,6 +67,7 @@ def exchange_nodes(
                     break
                 y = int(nodes[t])
                 done = False
+                new_i: list[int] | None = None
                 for j in sorted(users.get(y, ())):
                     dj, kj = flat[j]
                     path_j = paths[dj][kj]
@@ -74,14 +75,17 @@ def exchange_nodes(
                         continue
                     if rounds is not None and rounds[di][ki] != rounds[dj][kj]:
                         continue  # the round loads would change
-                    new_i = [y if v == x else v for v in path_i]
+                    if new_i is None:  # microbatch i's side of the exchange is the same for every j
+                        new_i = [y if v == x else v for v in path_i]
+                        ci = rc.round_trip(di, new_i)
+                        ei_alone = estimate_with(di, ki, ci)
                     new_j = [x if v == y else v for v in path_j]
-                    ci, cj = rc.round_trip(di, new_i), rc.round_trip(dj, new_j)
+                    cj = rc.round_trip(dj, new_j)
                     if di == dj:
                         ei = estimate_with(di, ki, ci, dj, kj, cj)
                         before, after = (est[di], cost[i] + cost[j]), (ei, ci + cj)
                     else:
-                        ei, ej = estimate_with(di, ki, ci), estimate_with(dj, kj, cj)
+                        ei, ej = ei_alone, estimate_with(dj, kj, cj)
                         before = (max(est[di], est[dj]), cost[i] + cost[j])
                         after = (max(ei, ej), ci + cj)
                     if after[0] < before[0] - 1e-9 or (after[0] <= before[0] + 1e-9 and after[1] < before[1] - 1e-9):

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import NamedTuple
 
 import numpy as np
 
@@ -159,6 +160,34 @@ def search_width(n: int) -> int | None:
     return LARGE_WIDTH if n > LARGE_NODES else None
 
 
+class PrefixLevel(NamedTuple):
+    """The distinct stage-order prefixes of one length: each one's last stage and the index of
+    its prefix one stage shorter (None for the first level)."""
+
+    stage: np.ndarray
+    parent: np.ndarray | None
+
+
+@lru_cache(maxsize=64)
+def prefix_tree(sequences: tuple[tuple[int, ...], ...]) -> tuple[PrefixLevel, ...]:
+    """The stage orders as a tree of their distinct prefixes, one level per stage; the last
+    level holds the orders themselves, in their order. Orders that share a prefix share its
+    path search (and its sums), so the search keeps its result with less work."""
+    seqa = sequence_array(sequences)
+    k = seqa.shape[1]
+    levels: list[PrefixLevel] = []
+    prev_ids: np.ndarray | None = None
+    for i in range(k):
+        if i == k - 1:
+            first = ids = np.arange(len(seqa))
+        else:
+            _, first, ids = np.unique(seqa[:, : i + 1], axis=0, return_index=True, return_inverse=True)
+            ids = ids.reshape(-1)
+        levels.append(PrefixLevel(seqa[first, i], None if prev_ids is None else prev_ids[first]))
+        prev_ids = ids
+    return tuple(levels)
+
+
 # above this many (sequence x node x node) entries per layer the sequences are searched one by one
 BATCH_LIMIT = 2_000_000
 
@@ -170,8 +199,9 @@ def cheapest_over_sequences(
     sequences: tuple[tuple[int, ...], ...],
     penalty: np.ndarray | None = None,
 ) -> tuple[float, list[int]]:
-    """``cheapest_chain`` for every sequence at once (the same sums, so the same result as
-    looping over ``sequences`` and keeping the first cheapest); ``(inf, [])`` if none."""
+    """``cheapest_chain`` for every sequence at once, one layer per level of ``prefix_tree``
+    (the same sums, so the same result as looping over ``sequences`` and keeping the first
+    cheapest); ``(inf, [])`` if none."""
     if not sequences:
         return float("inf"), []
     width = max(len(s) for s in stages)
@@ -182,32 +212,39 @@ def cheapest_over_sequences(
             if chain and cost < best[0]:
                 best = (cost, chain)
         return best
-    pad = np.zeros((len(stages), width), dtype=int)
-    valid = np.zeros((len(stages), width), dtype=bool)
+    num = len(stages)
+    pad = np.zeros((num, width), dtype=int)
+    valid = np.zeros((num, width), dtype=bool)
     for s, nodes in enumerate(stages):
         pad[s, : len(nodes)] = nodes
         valid[s, : len(nodes)] = True
-    seqa = np.asarray(sequences, dtype=int)  # Q x hops
-    nodes = pad[seqa]  # Q x hops x width
-    cost = rc.node[nodes] if penalty is None else rc.node[nodes] + penalty[nodes]
-    cost = np.where(valid[seqa], cost, np.inf)
-    val = (rc.own[data_node] + rc.edge[data_node][nodes[:, 0]]) + cost[:, 0]
+    levels = prefix_tree(sequences)
+    flat = pad.reshape(-1)
+    # into[a, b, k, j] = edge from node j of stage a to node k of stage b (reduced over j, the last axis)
+    into = rc.edge[flat[None, :], flat[:, None]].reshape(num, width, num, width).transpose(2, 0, 1, 3)
+    cost = rc.node[pad] if penalty is None else rc.node[pad] + penalty[pad]
+    cost = np.where(valid, cost, np.inf)
+    prev_stage = levels[0].stage
+    val = (rc.own[data_node] + rc.edge[data_node][pad[prev_stage]]) + cost[prev_stage]
     back = []
-    for i in range(1, seqa.shape[1]):
-        m = val[:, :, None] + rc.edge[nodes[:, i - 1, :, None], nodes[:, i, None, :]]
-        back.append(m.argmin(axis=1))
-        val = m.min(axis=1) + cost[:, i]
-    total = val + rc.edge[nodes[:, -1], data_node]
+    for level in levels[1:]:
+        m = val[level.parent][:, None, :] + into[prev_stage[level.parent], level.stage]
+        arg = m.argmin(axis=2)
+        back.append(arg)
+        val = np.take_along_axis(m, arg[:, :, None], axis=2)[:, :, 0] + cost[level.stage]
+        prev_stage = level.stage
+    total = val + rc.edge[pad[prev_stage], data_node]
     last = total.argmin(axis=1)
-    per_seq = total[np.arange(len(seqa)), last]
+    per_seq = total[np.arange(len(total)), last]
     q = int(per_seq.argmin())
     if not np.isfinite(per_seq[q]):
         return float("inf"), []
-    j = int(last[q])
-    chain = [int(nodes[q, -1, j])]
-    for i in range(seqa.shape[1] - 1, 0, -1):
-        j = int(back[i - 1][q, j])
-        chain.append(int(nodes[q, i - 1, j]))
+    j, p = int(last[q]), q
+    chain = [int(pad[levels[-1].stage[p], j])]
+    for i in range(len(levels) - 1, 0, -1):
+        j = int(back[i - 1][p, j])
+        p = int(levels[i].parent[p])
+        chain.append(int(pad[levels[i - 1].stage[p], j]))
     chain.reverse()
     return float(per_seq[q]), chain
 
