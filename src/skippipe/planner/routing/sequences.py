@@ -188,7 +188,8 @@ def prefix_tree(sequences: tuple[tuple[int, ...], ...]) -> tuple[PrefixLevel, ..
     return tuple(levels)
 
 
-# above this many (sequence x node x node) entries per layer the sequences are searched one by one
+# above this many (sequence x node x node) entries per layer, or (stage x node) squared edges
+# gathered, the sequences are searched one by one
 BATCH_LIMIT = 2_000_000
 
 
@@ -205,7 +206,7 @@ def cheapest_over_sequences(
     if not sequences:
         return float("inf"), []
     width = max(len(s) for s in stages)
-    if width == 0 or len(sequences) * width * width > BATCH_LIMIT:
+    if width == 0 or max(len(sequences), len(stages) ** 2) * width * width > BATCH_LIMIT:
         best: tuple[float, list[int]] = (float("inf"), [])
         for seq in sequences:
             cost, chain = cheapest_chain(rc, data_node, [stages[s] for s in seq], penalty)
