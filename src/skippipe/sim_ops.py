@@ -68,6 +68,21 @@ def route_layout(data_node: int, path: Sequence[int]) -> tuple[list[int], list[i
     return node, nxt, kind
 
 
+def stacked_index(sizes: list[int], ids: list[int]) -> tuple[list[int], list[int], list[int], list[int]]:
+    """For microbatches whose operations (``sizes`` of them each) lie end to end: per operation
+    its microbatch index and id, per microbatch the index of its first and of its last operation."""
+    mbl: list[int] = []
+    op_id: list[int] = []
+    first: list[int] = []
+    last: list[int] = []
+    for m, (size, mb_id) in enumerate(zip(sizes, ids, strict=True)):
+        first.append(len(mbl))
+        mbl += [m] * size
+        op_id += [mb_id] * size
+        last.append(len(mbl) - 1)
+    return mbl, op_id, first, last
+
+
 class RouteOps:
     """Operation segments of routes under fixed costs, each built once."""
 
@@ -109,25 +124,20 @@ class RouteOps:
         dur: list[float] = []
         hop: list[float] = []
         gap: list[float] = []
-        mbl: list[int] = []
-        op_id: list[int] = []
-        first: list[int] = []
-        last: list[int] = []
-        for m, (mb_id, d, path) in enumerate(microbatches):
+        sizes: list[int] = []
+        for _, d, path in microbatches:
             s_node, s_kind, s_dur, s_hop, s_gap = self.segment(d, path)
-            first.append(len(node))
             node += s_node
             kind += s_kind
             dur += s_dur
             hop += s_hop
             gap += s_gap
-            mbl += [m] * len(s_node)
-            op_id += [mb_id] * len(s_node)
-            last.append(len(node) - 1)
+            sizes.append(len(s_node))
+        ids = [mb[0] for mb in microbatches]
+        mbl, op_id, first, last = stacked_index(sizes, ids)
         count = len(microbatches)
         return OpTables(
-            node=node, dur=dur, hop=hop, kind=kind, mb=mbl, op_id=op_id, first=first, last=last,
-            ids=[mb[0] for mb in microbatches],
+            node=node, dur=dur, hop=hop, kind=kind, mb=mbl, op_id=op_id, first=first, last=last, ids=ids,
             release=release if release is not None else [0.0] * count,
             after=after if after is not None else [-1] * count, gap=gap,
         )
@@ -153,19 +163,14 @@ def plan_tables(plan: Plan) -> OpTables:
     node: list[int] = []
     nxt: list[int] = []
     kind: list[int] = []
-    mbl: list[int] = []
-    op_id: list[int] = []
-    first: list[int] = []
-    last: list[int] = []
-    for m, mb in enumerate(plan.microbatches):
+    sizes: list[int] = []
+    for mb in plan.microbatches:
         r_node, r_nxt, r_kind = route_layout(mb.data_node, list(mb.path))
-        first.append(len(node))
         node += r_node
         nxt += r_nxt
         kind += r_kind
-        mbl += [m] * len(r_node)
-        op_id += [mb.id] * len(r_node)
-        last.append(len(node) - 1)
+        sizes.append(len(r_node))
+    mbl, op_id, first, last = stacked_index(sizes, ids)
     costs = plan.costs
     node_a, kind_a = np.asarray(node, dtype=np.int64), np.asarray(kind, dtype=np.int64)
     factor, gaps = (np.asarray(v, dtype=float) for v in kind_costs(costs))

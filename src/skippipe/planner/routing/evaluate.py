@@ -63,9 +63,7 @@ class Evaluator:
         cm = problem.cost_model
         self.factors = (cm.backward_factor, cm.loss_factor, cm.inject_gap_s, cm.op_gap_s)
         self.path_length = problem.workload.path_length
-        bf, lf, g_inj, g_op = self.factors
-        self.route_ops = RouteOps(Costs(transfer_s=self.transfer, forward_s=self.forward, backward_factor=bf,
-                                        loss_factor=lf, inject_gap_s=g_inj, op_gap_s=g_op))
+        self.route_ops = RouteOps(self._costs(self.transfer, self.forward))
         self.cache: dict[tuple, dict[int, float]] = {}
         self.simulations = 0
 
@@ -93,6 +91,12 @@ class Evaluator:
         return sorted(groups.values(), key=lambda g: g[0])
 
     # ------------------------------------------------------------------ simulation
+    def _costs(self, transfer: np.ndarray, forward: np.ndarray) -> Costs:
+        """The plan-file costs of these transfer and forward times under the problem's factors."""
+        bf, lf, g_inj, g_op = self.factors
+        return Costs(transfer_s=transfer, forward_s=forward, backward_factor=bf, loss_factor=lf,
+                     inject_gap_s=g_inj, op_gap_s=g_op)
+
     def subplan(
         self, routes: list[Route], ids: list[int], orders: dict[int, list[str]] | None = None
     ) -> tuple[Plan, list[int]]:
@@ -101,11 +105,7 @@ class Evaluator:
         nodes = sorted({x for i in ids for x in (routes[i][0], *routes[i][1])})
         local = {x: k for k, x in enumerate(nodes)}
         idx = np.asarray(nodes, dtype=int)
-        bf, lf, g_inj, g_op = self.factors
-        costs = Costs(
-            transfer_s=self.transfer[np.ix_(idx, idx)], forward_s=self.forward[idx],
-            backward_factor=bf, loss_factor=lf, inject_gap_s=g_inj, op_gap_s=g_op,
-        )
+        costs = self._costs(self.transfer[np.ix_(idx, idx)], self.forward[idx])
         mbs = [Microbatch(id=i, data_node=local[routes[i][0]], path=[local[x] for x in routes[i][1]]) for i in ids]
         order = None
         if orders:
