@@ -18,7 +18,7 @@ LAYERS: dict[str, int] = {
     "skippipe": 0, "skippipe.errors": 0, "skippipe.fileio": 0, "skippipe.config_fields": 0, "skippipe.limits": 0,
     "skippipe.costs": 0, "skippipe.cluster": 0, "skippipe.workload": 0,
     "skippipe.planfile": 1,
-    "skippipe.sim": 2, "skippipe.sim_ops": 2, "skippipe.bounds": 2, "skippipe.viz": 2,
+    "skippipe.sim": 2, "skippipe.sim_ops": 2, "skippipe.bounds": 2, "skippipe.serial_floor": 2, "skippipe.viz": 2,
     "skippipe.planner": 3, "skippipe.reference": 3,
     "skippipe.model": 4, "skippipe.data": 4,
     "skippipe.train": 5, "skippipe.eval": 5,

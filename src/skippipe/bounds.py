@@ -23,6 +23,9 @@ data-node floor (sharper; also only the allocation)
     ``(R - B) + (m - k)(B + op_gap) + (m - k - 1)(F + inject_gap) + R`` (with m <= k: the m
     injections, ``(m - 1)(F + inject_gap) + R``). This holds for any processing order: a fixed
     order cannot inject without a free slot, and the gaps follow every operation.
+    Sharper still, ``serial_floor.serial_trip_floor`` solves the data node's own schedule (its
+    injections, losses and final backwards, one at a time, with the fastest path's time out
+    before and after the loss between them) exactly; the floor is the larger of the two.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from hashlib import blake2b
 import numpy as np
 
 from skippipe.planfile import Costs, Plan
+from skippipe.serial_floor import serial_trip_floor
 
 _CACHE: dict[bytes, float] = {}
 _CACHE_SIZE = 256
@@ -98,16 +102,38 @@ def round_trip_chain(
     stages: hops out and back (i -> j and j -> i) plus forward and backward on each path node.
     """
     T = np.asarray(costs.transfer_s, dtype=float)
+    visit = np.asarray(costs.forward_s, dtype=float) * costs.visit_factor
+    both = T + T.T
+    return _cheapest_walk(stages, both + visit[None, :], both, path_length, max_swaps, max_jump)
+
+
+def round_trip_lags(
+    stages: Sequence[Sequence[int]], costs: Costs, path_length: int, max_swaps: int, max_jump: int
+) -> tuple[dict[int, float], dict[int, float]]:
+    """Per data node: the least time a microbatch is away between its injection and its loss
+    (hops out, forwards on the path, the hop back) and between its loss and its final backward
+    (hops and backwards back), each over every valid path (the two may come from different
+    paths: each is a floor on its own)."""
+    T = np.asarray(costs.transfer_s, dtype=float)
     fwd = np.asarray(costs.forward_s, dtype=float)
+    out = _cheapest_walk(stages, T + fwd[None, :], T, path_length, max_swaps, max_jump)
+    back = _cheapest_walk(stages, T.T + fwd[None, :] * costs.op_factor("B"), T.T, path_length, max_swaps, max_jump)
+    return out, back
+
+
+def _cheapest_walk(
+    stages: Sequence[Sequence[int]], step_cost: np.ndarray, close_cost: np.ndarray,
+    path_length: int, max_swaps: int, max_jump: int,
+) -> dict[int, float]:
+    """Per data node d: the least ``step_cost[d, x1] + step_cost[x1, x2] + ... + close_cost[xh, d]``
+    over every valid path x1..xh (every stage sequence the path rules allow, every node choice)."""
     data = list(stages[0])
     S = len(stages)
     hops = path_length - 1
     if hops <= 0:
         return {d: 0.0 for d in data}
     members = [np.asarray(s, dtype=int) for s in stages]
-    both = T + T.T
-    visit = fwd * costs.visit_factor
-    W = both + visit[None, :]  # W[u, v]: hop u -> v and back, plus F and B on v
+    W = step_cost
     d_idx = np.asarray(data, dtype=int)
     succ = _stage_moves(S, max_jump)
 
@@ -129,7 +155,7 @@ def round_trip_chain(
         layer = nxt
     best = np.full(len(data), math.inf)
     for (s, _f, _o, _k), dist in layer.items():
-        back = both[np.ix_(members[s], d_idx)].T  # D x |s|: last node -> data node and back
+        back = close_cost[np.ix_(members[s], d_idx)].T  # D x |s|: last node -> data node
         best = np.minimum(best, (dist + back).min(axis=1))
     return {d: float(b) for d, b in zip(data, best)}
 
@@ -153,9 +179,10 @@ def _data_node_trips(
     path_length: int,
     max_swaps: int,
     max_jump: int,
-) -> list[tuple[int, int, float, float]]:
-    """(microbatches, activation slots, forward seconds, fastest round trip) of every data node
-    that has microbatches; the round trip is inf when no valid path exists."""
+) -> list[tuple[int, int, float, float, float, float]]:
+    """(microbatches, activation slots, forward seconds, fastest round trip, least time out
+    before the loss, least time out after it) of every data node that has microbatches; the
+    round trip is inf when no valid path exists."""
     data = list(stages[0])
     n = int(np.asarray(costs.forward_s).shape[0])
     mem = [int(memory)] * n if isinstance(memory, (int, np.integer)) else [int(x) for x in memory]
@@ -164,6 +191,7 @@ def _data_node_trips(
     else:
         counts = {d: int(microbatches_per_data_node) for d in data}
     chain = round_trip_chain(stages, costs, path_length, max_swaps, max_jump)
+    out, back = round_trip_lags(stages, costs, path_length, max_swaps, max_jump)
     fwd = np.asarray(costs.forward_s, dtype=float)
     trips = []
     for d in data:
@@ -171,7 +199,8 @@ def _data_node_trips(
             continue
         f = float(fwd[d])
         own = f * costs.own_factor
-        trips.append((counts[d], max(1, mem[d]), f, own + max(chain[d], costs.inject_gap_s + costs.op_gap_s)))
+        trip = own + max(chain[d], costs.inject_gap_s + costs.op_gap_s)
+        trips.append((counts[d], max(1, mem[d]), f, trip, out[d], back[d]))
     return trips
 
 
@@ -187,7 +216,7 @@ def memory_floor(
     """The memory floor of an allocation (see the module text); inf when no valid path exists."""
     trips = _data_node_trips(stages, costs, memory, microbatches_per_data_node, path_length, max_swaps, max_jump)
     floor = 0.0
-    for m, slots, _, trip in trips:
+    for m, slots, _, trip, _, _ in trips:
         rounds = math.ceil(m / slots)
         floor = max(floor, rounds * trip + (rounds - 1) * costs.op_gap_s)
     return floor
@@ -221,8 +250,11 @@ def data_node_floor(
     floor); inf when no valid path exists."""
     trips = _data_node_trips(stages, costs, memory, microbatches_per_data_node, path_length, max_swaps, max_jump)
     floor = 0.0
-    for m, slots, f, trip in trips:
-        floor = max(floor, trip_floor(trip, f, f * costs.op_factor("B"), m, slots, costs.inject_gap_s, costs.op_gap_s))
+    for m, slots, f, trip, out, back in trips:
+        closed = trip_floor(trip, f, f * costs.op_factor("B"), m, slots, costs.inject_gap_s, costs.op_gap_s)
+        serial = serial_trip_floor(f, out, back, m, slots, costs.loss_factor, costs.backward_factor,
+                                   costs.inject_gap_s, costs.op_gap_s)
+        floor = max(floor, closed, serial or 0.0)
     return floor
 
 

@@ -53,8 +53,9 @@ from skippipe.costs import CostModel
 from skippipe.errors import UserError
 from skippipe.planfile import Plan
 from skippipe.planner.problem import Problem, build_problem
-from skippipe.planner.relaxed_floors import capacity_floor, relaxed_round_trips, round_trip_terms
+from skippipe.planner.relaxed_floors import capacity_floor, relaxed_lags, relaxed_round_trips, round_trip_terms
 from skippipe.planner.routed_floor import MAX_PATHS, path_count, routed_set_floor
+from skippipe.serial_floor import serial_trip_floor
 from skippipe.workload import workload_from_dict
 
 ROUTED_SETS = 20_000  # data-node sets ranked for the routed floor at most
@@ -103,6 +104,55 @@ def _round_trips(problem: Problem) -> tuple[np.ndarray, np.ndarray]:
     return r0, ra
 
 
+def _lags(problem: Problem) -> tuple[np.ndarray, np.ndarray]:
+    """Per node d: the least time a microbatch is away before its loss (hops out, forwards,
+    the hop back) and after it (hops and backwards back), over any L-1 distinct other nodes
+    in any order."""
+    n = problem.n
+    hops = problem.workload.path_length - 1
+    if hops <= 0:
+        return np.zeros(n), np.zeros(n)
+    t = np.asarray(problem.transfer_s, dtype=float)
+    f = np.asarray(problem.forward_s, dtype=float)
+    b = f * problem.cost_model.backward_factor
+    tuples = np.array(list(itertools.permutations(range(n), hops)), dtype=int)
+    inner_out = f[tuples].sum(axis=1) + sum(t[tuples[:, i], tuples[:, i + 1]] for i in range(hops - 1))
+    inner_back = b[tuples].sum(axis=1) + sum(t[tuples[:, i + 1], tuples[:, i]] for i in range(hops - 1))
+    out, back = np.full(n, math.inf), np.full(n, math.inf)
+    for d in range(n):
+        ok = ~(tuples == d).any(axis=1)
+        first, last = tuples[ok, 0], tuples[ok, -1]
+        if len(first):
+            out[d] = float((t[d, first] + inner_out[ok] + t[last, d]).min())
+            back[d] = float((t[d, last] + inner_back[ok] + t[first, d]).min())
+    return out, back
+
+
+def _serial_floors(problem: Problem, tf: np.ndarray, out: np.ndarray, back: np.ndarray, nodes) -> None:
+    """Raise ``tf[d]`` to ``serial_trip_floor`` (the data node's own schedule solved) for ``nodes``."""
+    cm = problem.cost_model
+    f = np.asarray(problem.forward_s, dtype=float)
+    mem = np.asarray(problem.memory, dtype=int)
+    m = problem.workload.microbatches_per_data_node
+    for d in nodes:
+        serial = serial_trip_floor(float(f[d]), float(out[d]), float(back[d]), m, max(1, int(mem[d])),
+                                   cm.loss_factor, cm.backward_factor, cm.inject_gap_s, cm.op_gap_s)
+        if serial is not None:
+            tf[d] = max(tf[d], serial)
+
+
+def _set_free(problem: Problem, tf: np.ndarray, out: np.ndarray, back: np.ndarray) -> None:
+    """Raise ``tf`` by the serial floor where it decides the stage-0 size-th smallest value:
+    nodes are raised in the order of their closed-form floors until the D-th smallest raised
+    value is no more than the next node's closed form (a raised value is never lower)."""
+    D = int(problem.stage_sizes[0])
+    order = np.argsort(tf, kind="stable")
+    for i, d in enumerate(order):
+        if i >= D and np.sort(tf[order[:i]])[D - 1] <= tf[d]:
+            return
+        _serial_floors(problem, tf, out, back, [int(d)])
+
+
 def _slow_one(ra: float, r0: float, m: int, k: int, og: float) -> float:
     """Least finish of a data node with one round trip >= ra and m - 1 others >= r0 on k chains."""
     best = math.inf
@@ -137,12 +187,16 @@ def free_allocation_floor(problem: Problem, max_sets: int = 200_000, max_tuples:
     f = np.asarray(problem.forward_s, dtype=float)
     mem = np.asarray(problem.memory, dtype=int)
     r0, ra = _round_trips(problem) if exact else relaxed_round_trips(problem)
+    out, back = _lags(problem) if exact else relaxed_lags(problem)
     tf = np.array([trip_floor(r0[d], f[d], f[d] * cm.backward_factor, m, max(1, int(mem[d])), cm.inject_gap_s,
                               cm.op_gap_s) for d in range(n)])
-    order = np.argsort(tf, kind="stable")
-    cap = capacity_floor(problem, tf)
     if math.comb(n, D) > max_sets or hops <= 0:
+        _set_free(problem, tf, out, back)
+        order = np.argsort(tf, kind="stable")
+        cap = capacity_floor(problem, tf)
         return FreeFloor(max(cap, float(tf[order[D - 1]])), tuple(int(x) for x in order[:D]), False, exact, cap)
+    _serial_floors(problem, tf, out, back, range(n))
+    cap = capacity_floor(problem, tf)
     og = cm.op_gap_s
     slow = np.full((n, n), math.inf)
     for d in range(n):

@@ -92,6 +92,30 @@ def relaxed_round_trips(problem: Problem) -> tuple[np.ndarray, np.ndarray]:
     return r0, ra
 
 
+def relaxed_lags(problem: Problem) -> tuple[np.ndarray, np.ndarray]:
+    """Lower bounds on the least time a microbatch of d is away before its loss (hops out,
+    forwards, hop back) and after it (hops and backwards back), over any L-1 distinct other
+    nodes. Either way the hops form a cycle through d in ``transfer_s``, in which every node
+    has one outgoing and one incoming hop: at least its cheapest one. So the time is at least
+    that hop of d plus the L-1 smallest ``op + hop`` of the other nodes (the larger of the
+    outgoing and the incoming count)."""
+    n = problem.n
+    hops = problem.workload.path_length - 1
+    if hops <= 0:
+        return np.zeros(n), np.zeros(n)
+    t = np.asarray(problem.transfer_s, dtype=float).copy()
+    np.fill_diagonal(t, math.inf)
+    f = np.asarray(problem.forward_s, dtype=float)
+    nodes = np.arange(n)
+    lags = []
+    for op in (f, f * problem.cost_model.backward_factor):
+        best = np.zeros(n)
+        for cheapest in (t.min(axis=1), t.min(axis=0)):  # outgoing, incoming
+            best = np.maximum(best, cheapest + _smallest_excluding(op + cheapest, hops, [nodes]))
+        lags.append(best)
+    return lags[0], lags[1]
+
+
 def heads_and_tails(problem: Problem) -> tuple[np.ndarray, np.ndarray]:
     """Per node x, the least time before its first operation (the quickest forward on another
     node plus the hop to x) and after its last one (the hop back from x and the quickest
