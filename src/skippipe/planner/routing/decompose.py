@@ -357,6 +357,6 @@ def plan_in_groups(
         return None
     if split is None:
         return None
-    split.predicted_makespan_s = float(simulate(split, record=False).makespan_s)
+    split.predicted_makespan_s = float(simulate(split, record=False, bound=False).makespan_s)
     base = plan_no_tc2(problem, seed=seed)
     return quickest(split, [("no-tc2", base), *fallbacks(base.stages)])

@@ -203,9 +203,8 @@ def build_plan(
         plan.processing_order = {int(k): list(v) for k, v in orders.items()}
         full = simulate(plan, bound=False).processing_order()
         plan.processing_order = {int(k): list(v) for k, v in sorted(full.items())}
-    res = simulate(plan, record=False)
+    res = simulate(plan, record=False, bound=False)  # the kept plan gets its bound in make_plan
     plan.predicted_makespan_s = float(res.makespan_s)
-    plan.lower_bound_s = float(res.lower_bound_s)
     return plan
 
 
