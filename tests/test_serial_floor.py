@@ -8,9 +8,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from skippipe.bounds import trip_floor
+from skippipe.bounds import _data_node_trips, data_node_floor, trip_floor
+from skippipe.cluster_gen import single_site_cluster
 from skippipe.costs import BACKWARD_FACTOR, INJECT_GAP_S, LOSS_FACTOR, OP_GAP_S
+from skippipe.planner.methods import make_plan
+from skippipe.planner.problem import build_problem
 from skippipe.serial_floor import serial_trip_floor
+from skippipe.sim import simulate
+from skippipe.workload import Workload
 
 FACTORS = (LOSS_FACTOR, BACKWARD_FACTOR, INJECT_GAP_S, OP_GAP_S)
 
@@ -83,3 +88,19 @@ def test_losses_between_short_trips_raise_the_floor():
 def test_serial_floor_gives_up_on_long_searches():
     assert serial_trip_floor(1.0, 5.0, 7.0, 24, 4, *FACTORS) is None
     assert serial_trip_floor(1.0, math.inf, 7.0, 6, 3, *FACTORS) is None
+
+
+@pytest.mark.parametrize("method", ["naive", "random", "skippipe"])
+def test_plans_on_one_site_respect_the_sharper_bound(method):
+    # one site: hops are short next to a data node's own work, so its losses decide the floor
+    problem = build_problem(single_site_cluster(10), Workload(num_stages=4, path_length=3))
+    plan = make_plan(method, problem, seed=0)
+    w, c = problem.workload, plan.costs
+    trips = _data_node_trips(plan.stages, c, list(plan.memory), w.microbatches_per_data_node, w.path_length,
+                             w.max_swaps, w.max_jump)
+    closed = max(trip_floor(trip, f, f * c.backward_factor, m, k, c.inject_gap_s, c.op_gap_s)
+                 for m, k, f, trip, _, _ in trips)
+    result = simulate(plan, record=False)
+    assert data_node_floor(plan.stages, c, list(plan.memory), w.microbatches_per_data_node, w.path_length,
+                           w.max_swaps, w.max_jump) > closed + 0.5
+    assert closed + 0.5 < result.lower_bound_s <= result.makespan_s
