@@ -11,7 +11,9 @@ exactly (33.05 s, against a memory floor of 30.41 s).
 counting the TC1 loads. For a set D of data nodes (every set of the stage-0 size is tried):
 
 - each d in D finishes no sooner than ``trip_floor`` of its fastest round trip R0(d) through
-  L-1 distinct other nodes (any order: a relaxation of the path rules);
+  L-1 distinct other nodes (any order: a relaxation of the path rules), nor than its own
+  schedule solved (``serial_floor.serial_trip_floor``) with the least time out before and
+  after the loss over those nodes;
 - the caps of the other nodes (``Problem.load_caps``) may sum to just the visits needed; then a
   node x outside D *must* be visited, by some microbatch of some d in D, whose round trip is at
   least RA(d, x) (the fastest one through x). The microbatches of d hold its slots from their
