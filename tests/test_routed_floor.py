@@ -25,7 +25,7 @@ from skippipe.workload import Workload
 
 def _trip_floors(problem: Problem) -> np.ndarray:
     cm, m = problem.cost_model, problem.workload.microbatches_per_data_node
-    r0, _ = _round_trips(problem)
+    r0, _, _, _ = _round_trips(problem)
     f = np.asarray(problem.forward_s, dtype=float)
     return np.array([trip_floor(r0[d], f[d], f[d] * cm.backward_factor, m, max(1, int(problem.memory[d])),
                                 cm.inject_gap_s, cm.op_gap_s) for d in range(problem.n)])

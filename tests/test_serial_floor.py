@@ -99,7 +99,7 @@ def test_plans_on_one_site_respect_the_sharper_bound(method):
     trips = _data_node_trips(plan.stages, c, list(plan.memory), w.microbatches_per_data_node, w.path_length,
                              w.max_swaps, w.max_jump)
     closed = max(trip_floor(trip, f, f * c.backward_factor, m, k, c.inject_gap_s, c.op_gap_s)
-                 for m, k, f, trip, _, _ in trips)
+                 for _, m, k, f, trip in trips)
     result = simulate(plan, record=False)
     assert data_node_floor(plan.stages, c, list(plan.memory), w.microbatches_per_data_node, w.path_length,
                            w.max_swaps, w.max_jump) > closed + 0.5

@@ -179,10 +179,9 @@ def _data_node_trips(
     path_length: int,
     max_swaps: int,
     max_jump: int,
-) -> list[tuple[int, int, float, float, float, float]]:
-    """(microbatches, activation slots, forward seconds, fastest round trip, least time out
-    before the loss, least time out after it) of every data node that has microbatches; the
-    round trip is inf when no valid path exists."""
+) -> list[tuple[int, int, int, float, float]]:
+    """(data node, microbatches, activation slots, forward seconds, fastest round trip) of every
+    data node that has microbatches; the round trip is inf when no valid path exists."""
     data = list(stages[0])
     n = int(np.asarray(costs.forward_s).shape[0])
     mem = [int(memory)] * n if isinstance(memory, (int, np.integer)) else [int(x) for x in memory]
@@ -191,7 +190,6 @@ def _data_node_trips(
     else:
         counts = {d: int(microbatches_per_data_node) for d in data}
     chain = round_trip_chain(stages, costs, path_length, max_swaps, max_jump)
-    out, back = round_trip_lags(stages, costs, path_length, max_swaps, max_jump)
     fwd = np.asarray(costs.forward_s, dtype=float)
     trips = []
     for d in data:
@@ -200,7 +198,7 @@ def _data_node_trips(
         f = float(fwd[d])
         own = f * costs.own_factor
         trip = own + max(chain[d], costs.inject_gap_s + costs.op_gap_s)
-        trips.append((counts[d], max(1, mem[d]), f, trip, out[d], back[d]))
+        trips.append((d, counts[d], max(1, mem[d]), f, trip))
     return trips
 
 
@@ -216,7 +214,7 @@ def memory_floor(
     """The memory floor of an allocation (see the module text); inf when no valid path exists."""
     trips = _data_node_trips(stages, costs, memory, microbatches_per_data_node, path_length, max_swaps, max_jump)
     floor = 0.0
-    for m, slots, _, trip, _, _ in trips:
+    for _, m, slots, _, trip in trips:
         rounds = math.ceil(m / slots)
         floor = max(floor, rounds * trip + (rounds - 1) * costs.op_gap_s)
     return floor
@@ -249,10 +247,11 @@ def data_node_floor(
     """The data-node floor of an allocation (see the module text; never below the memory
     floor); inf when no valid path exists."""
     trips = _data_node_trips(stages, costs, memory, microbatches_per_data_node, path_length, max_swaps, max_jump)
+    out, back = round_trip_lags(stages, costs, path_length, max_swaps, max_jump)
     floor = 0.0
-    for m, slots, f, trip, out, back in trips:
+    for d, m, slots, f, trip in trips:
         closed = trip_floor(trip, f, f * costs.op_factor("B"), m, slots, costs.inject_gap_s, costs.op_gap_s)
-        serial = serial_trip_floor(f, out, back, m, slots, costs.loss_factor, costs.backward_factor,
+        serial = serial_trip_floor(f, out[d], back[d], m, slots, costs.loss_factor, costs.backward_factor,
                                    costs.inject_gap_s, costs.op_gap_s)
         floor = max(floor, closed, serial or 0.0)
     return floor

@@ -84,50 +84,39 @@ class FreeFloor:
     capacity_s: float = 0.0  # the capacity floor (already counted in value)
 
 
-def _round_trips(problem: Problem) -> tuple[np.ndarray, np.ndarray]:
-    """R0[d]: fastest round trip of d through L-1 distinct other nodes (any order);
-    RA[d, x]: the fastest one that visits x (inf on the diagonal)."""
+def _round_trips(problem: Problem) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Over L-1 distinct other nodes in any order: R0[d], the fastest round trip of d;
+    RA[d, x], the fastest one that visits x (inf on the diagonal); and the least time a
+    microbatch of d is away before its loss (hops out, forwards, the hop back) and after it
+    (hops and backwards back)."""
     n = problem.n
     hops = problem.workload.path_length - 1
     edge, visit, own, gaps = round_trip_terms(problem)
     r0 = np.full(n, math.inf)
     ra = np.full((n, n), math.inf)
+    out, back = np.full(n, math.inf), np.full(n, math.inf)
     if hops <= 0:
-        return own + gaps, ra
-    tuples = np.array(list(itertools.permutations(range(n), hops)), dtype=int)  # P x hops
-    inner = visit[tuples].sum(axis=1) + sum(edge[tuples[:, i], tuples[:, i + 1]] for i in range(hops - 1))
-    for d in range(n):
-        ok = ~(tuples == d).any(axis=1)
-        tup = tuples[ok]
-        cost = own[d] + np.maximum(inner[ok] + edge[d, tup[:, 0]] + edge[tup[:, -1], d], gaps)
-        r0[d] = float(cost.min()) if len(cost) else math.inf
-        for i in range(hops):
-            np.minimum.at(ra[d], tup[:, i], cost)
-    return r0, ra
-
-
-def _lags(problem: Problem) -> tuple[np.ndarray, np.ndarray]:
-    """Per node d: the least time a microbatch is away before its loss (hops out, forwards,
-    the hop back) and after it (hops and backwards back), over any L-1 distinct other nodes
-    in any order."""
-    n = problem.n
-    hops = problem.workload.path_length - 1
-    if hops <= 0:
-        return np.zeros(n), np.zeros(n)
+        return own + gaps, ra, np.zeros(n), np.zeros(n)
     t = np.asarray(problem.transfer_s, dtype=float)
     f = np.asarray(problem.forward_s, dtype=float)
     b = f * problem.cost_model.backward_factor
-    tuples = np.array(list(itertools.permutations(range(n), hops)), dtype=int)
+    tuples = np.array(list(itertools.permutations(range(n), hops)), dtype=int)  # P x hops
+    inner = visit[tuples].sum(axis=1) + sum(edge[tuples[:, i], tuples[:, i + 1]] for i in range(hops - 1))
     inner_out = f[tuples].sum(axis=1) + sum(t[tuples[:, i], tuples[:, i + 1]] for i in range(hops - 1))
     inner_back = b[tuples].sum(axis=1) + sum(t[tuples[:, i + 1], tuples[:, i]] for i in range(hops - 1))
-    out, back = np.full(n, math.inf), np.full(n, math.inf)
     for d in range(n):
         ok = ~(tuples == d).any(axis=1)
-        first, last = tuples[ok, 0], tuples[ok, -1]
-        if len(first):
-            out[d] = float((t[d, first] + inner_out[ok] + t[last, d]).min())
-            back[d] = float((t[d, last] + inner_back[ok] + t[first, d]).min())
-    return out, back
+        tup = tuples[ok]
+        if not len(tup):
+            continue
+        first, last = tup[:, 0], tup[:, -1]
+        cost = own[d] + np.maximum(inner[ok] + edge[d, first] + edge[last, d], gaps)
+        r0[d] = float(cost.min())
+        for i in range(hops):
+            np.minimum.at(ra[d], tup[:, i], cost)
+        out[d] = float((t[d, first] + inner_out[ok] + t[last, d]).min())
+        back[d] = float((t[d, last] + inner_back[ok] + t[first, d]).min())
+    return r0, ra, out, back
 
 
 def _serial_floors(problem: Problem, tf: np.ndarray, out: np.ndarray, back: np.ndarray, nodes) -> None:
@@ -188,8 +177,10 @@ def free_allocation_floor(problem: Problem, max_sets: int = 200_000, max_tuples:
     exact = n * math.perm(n - 1, max(0, hops)) <= max_tuples
     f = np.asarray(problem.forward_s, dtype=float)
     mem = np.asarray(problem.memory, dtype=int)
-    r0, ra = _round_trips(problem) if exact else relaxed_round_trips(problem)
-    out, back = _lags(problem) if exact else relaxed_lags(problem)
+    if exact:
+        r0, ra, out, back = _round_trips(problem)
+    else:
+        (r0, ra), (out, back) = relaxed_round_trips(problem), relaxed_lags(problem)
     tf = np.array([trip_floor(r0[d], f[d], f[d] * cm.backward_factor, m, max(1, int(mem[d])), cm.inject_gap_s,
                               cm.op_gap_s) for d in range(n)])
     if math.comb(n, D) > max_sets or hops <= 0:
