@@ -8,22 +8,11 @@ trip. With the reference's m = 6, M = 3 the last data node of the shipped instan
 exactly (33.05 s, against a memory floor of 30.41 s).
 
 ``free_allocation_floor`` bounds every plan of a problem whose allocation is ours to choose,
-counting the TC1 loads. For a set D of data nodes (every set of the stage-0 size is tried):
-
-- each d in D finishes no sooner than ``trip_floor`` of its fastest round trip R0(d) through
-  L-1 distinct other nodes (any order: a relaxation of the path rules), nor than its own
-  schedule solved (``serial_floor.serial_trip_floor``) with the least time out before and
-  after the loss over those nodes;
-- the caps of the other nodes (``Problem.load_caps``) may sum to just the visits needed; then a
-  node x outside D *must* be visited, by some microbatch of some d in D, whose round trip is at
-  least RA(d, x) (the fastest one through x). The microbatches of d hold its slots from their
-  injection to their last backward and a slot's next injection waits ``op_gap`` after that
-  backward, so they form at most k = min(M, m) chains run back to back; the chain holding the
-  slow one, with c microbatches, lasts at least RA + (c - 1)(R0 + op_gap), and the other
-  m - c fill k - 1 chains. So d finishes no sooner than
-  ``min_c max(RA + (c-1)(R0 + og), ceil((m-c)/(k-1)) R0 + (ceil(..) - 1) og)``.
-
-The floor of D is the largest of these terms; the floor of the problem is the least over D.
+counting the TC1 loads. For a set D of data nodes (every set of the stage-0 size is tried),
+``set_floor.SetFloor`` gives its floor (see its module text): each data node's own floor over
+its fastest round trips, the slow round trip through a node that must be visited, and both
+again with the round trips kept off D's other data nodes.
+The floor of the problem is the least over D.
 Where the sets and paths are few (``ROUTED_SETS``, ``routed_floor.MAX_PATHS``), the sets with
 the least floors are raised by routing their visits under the TC1 caps
 (``routed_floor.routed_set_floor``), up to ``ROUTED_SOLVES`` integer programmes (``ROUTED_WORK``
@@ -42,9 +31,9 @@ trips fast and take one through Australia.
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import itertools
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -57,7 +46,8 @@ from skippipe.planfile import Plan
 from skippipe.planner.problem import Problem, build_problem
 from skippipe.planner.relaxed_floors import capacity_floor, relaxed_lags, relaxed_round_trips, round_trip_terms
 from skippipe.planner.routed_floor import MAX_PATHS, path_count, routed_set_floor
-from skippipe.serial_floor import serial_trip_floor
+from skippipe.planner.set_floor import SetFloor, solved_floor
+from skippipe.planner.set_trips import SetTrips
 from skippipe.workload import workload_from_dict
 
 ROUTED_SETS = 20_000  # data-node sets ranked for the routed floor at most
@@ -89,14 +79,20 @@ def _round_trips(problem: Problem) -> tuple[np.ndarray, np.ndarray, np.ndarray, 
     RA[d, x], the fastest one that visits x (inf on the diagonal); and the least time a
     microbatch of d is away before its loss (hops out, forwards, the hop back) and after it
     (hops and backwards back)."""
+    return _enumerated_trips(problem)[:4]
+
+
+def _enumerated_trips(problem: Problem) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, SetTrips]:
+    """``_round_trips`` and every data node's tuples kept for ``SetTrips`` (one pass)."""
     n = problem.n
+    trips = SetTrips()
     hops = problem.workload.path_length - 1
     edge, visit, own, gaps = round_trip_terms(problem)
     r0 = np.full(n, math.inf)
     ra = np.full((n, n), math.inf)
     out, back = np.full(n, math.inf), np.full(n, math.inf)
     if hops <= 0:
-        return own + gaps, ra, np.zeros(n), np.zeros(n)
+        return own + gaps, ra, np.zeros(n), np.zeros(n), trips
     t = np.asarray(problem.transfer_s, dtype=float)
     f = np.asarray(problem.forward_s, dtype=float)
     b = f * problem.cost_model.backward_factor
@@ -114,22 +110,17 @@ def _round_trips(problem: Problem) -> tuple[np.ndarray, np.ndarray, np.ndarray, 
         r0[d] = float(cost.min())
         for i in range(hops):
             np.minimum.at(ra[d], tup[:, i], cost)
-        out[d] = float((t[d, first] + inner_out[ok] + t[last, d]).min())
-        back[d] = float((t[d, last] + inner_back[ok] + t[first, d]).min())
-    return r0, ra, out, back
+        outs = t[d, first] + inner_out[ok] + t[last, d]
+        backs = t[d, last] + inner_back[ok] + t[first, d]
+        out[d], back[d] = float(outs.min()), float(backs.min())
+        trips.add(d, tup, cost, outs, backs)
+    return r0, ra, out, back, trips
 
 
 def _serial_floors(problem: Problem, tf: np.ndarray, out: np.ndarray, back: np.ndarray, nodes) -> None:
     """Raise ``tf[d]`` to ``serial_trip_floor`` (the data node's own schedule solved) for ``nodes``."""
-    cm = problem.cost_model
-    f = np.asarray(problem.forward_s, dtype=float)
-    mem = np.asarray(problem.memory, dtype=int)
-    m = problem.workload.microbatches_per_data_node
     for d in nodes:
-        serial = serial_trip_floor(float(f[d]), float(out[d]), float(back[d]), m, max(1, int(mem[d])),
-                                   cm.loss_factor, cm.backward_factor, cm.inject_gap_s, cm.op_gap_s)
-        if serial is not None:
-            tf[d] = max(tf[d], serial)
+        tf[d] = max(tf[d], solved_floor(problem, d, float(out[d]), float(back[d])))
 
 
 def _set_free(problem: Problem, tf: np.ndarray, out: np.ndarray, back: np.ndarray) -> None:
@@ -144,20 +135,6 @@ def _set_free(problem: Problem, tf: np.ndarray, out: np.ndarray, back: np.ndarra
         _serial_floors(problem, tf, out, back, [int(d)])
 
 
-def _slow_one(ra: float, r0: float, m: int, k: int, og: float) -> float:
-    """Least finish of a data node with one round trip >= ra and m - 1 others >= r0 on k chains."""
-    best = math.inf
-    for c in range(1, m + 1):
-        slow = ra + (c - 1) * (r0 + og)
-        rest = m - c
-        if rest and k <= 1:
-            continue
-        q = math.ceil(rest / (k - 1)) if rest else 0
-        other = q * r0 + (q - 1) * og if q else 0.0
-        best = min(best, max(slow, other))
-    return best
-
-
 def free_allocation_floor(problem: Problem, max_sets: int = 200_000, max_tuples: int = 2_000_000) -> FreeFloor:
     """The load-aware floor over every allocation of ``problem`` (see the module text).
 
@@ -166,84 +143,81 @@ def free_allocation_floor(problem: Problem, max_sets: int = 200_000, max_tuples:
     are enumerated up to ``max_tuples`` paths and bounded from below beyond. The result is never
     below ``capacity_floor``.
     """
-    w = problem.workload
-    cm = problem.cost_model
     n = problem.n
     D = int(problem.stage_sizes[0])
-    m = w.microbatches_per_data_node
-    hops = w.path_length - 1
+    hops = problem.workload.path_length - 1
     if D > n:
         raise UserError(f"free_allocation_floor: {D} data nodes but only {n} nodes")
     exact = n * math.perm(n - 1, max(0, hops)) <= max_tuples
-    f = np.asarray(problem.forward_s, dtype=float)
-    mem = np.asarray(problem.memory, dtype=int)
-    if exact:
-        r0, ra, out, back = _round_trips(problem)
-    else:
-        (r0, ra), (out, back) = relaxed_round_trips(problem), relaxed_lags(problem)
-    tf = np.array([trip_floor(r0[d], f[d], f[d] * cm.backward_factor, m, max(1, int(mem[d])), cm.inject_gap_s,
-                              cm.op_gap_s) for d in range(n)])
     if math.comb(n, D) > max_sets or hops <= 0:
+        tf, _, _, out, back, _ = _trip_floors(problem, exact)
         _set_free(problem, tf, out, back)
         order = np.argsort(tf, kind="stable")
         cap = capacity_floor(problem, tf)
         return FreeFloor(max(cap, float(tf[order[D - 1]])), tuple(int(x) for x in order[:D]), False, exact, cap)
-    _serial_floors(problem, tf, out, back, range(n))
-    cap = capacity_floor(problem, tf)
-    og = cm.op_gap_s
-    slow = np.full((n, n), math.inf)
-    for d in range(n):
-        k = max(1, min(int(mem[d]), m))
-        for x in range(n):
-            if x != d and math.isfinite(ra[d, x]):
-                slow[d, x] = max(tf[d], _slow_one(ra[d, x], r0[d], m, k, og))
-    visits = D * m * hops
-    speed = 1.0 / f
-
-    def value(data: tuple[int, ...], cutoff: float) -> float:
-        """The floor of one data-node set (stops early at ``cutoff``)."""
-        idx = list(data)
-        val = float(tf[idx].max())
-        if val >= cutoff:
-            return val
-        mask = np.ones(n, dtype=bool)
-        mask[idx] = False
-        others = np.flatnonzero(mask)
-        share = visits * speed[others] / speed[others].sum()
-        caps = np.maximum(1, np.ceil(share - 1e-9)).astype(int)  # as Problem.load_caps
-        must = visits - (caps.sum() - caps) > 0  # the others alone cannot take the visits
-        if must.any():
-            val = max(val, float(slow[np.ix_(idx, others[must])].min(axis=0).max()))
-        return val
-
+    sets = set_floors(problem, exact)
+    cap = capacity_floor(problem, sets.tf)
     if 0 < path_count(problem) <= MAX_PATHS and math.comb(n, D) <= ROUTED_SETS:
-        best = _routed(problem, value, tf)
+        best = _routed(problem, sets)
     else:
         best = (math.inf, ())
-        for data in itertools.combinations(range(n), D):
-            val = value(data, best[0])
+        by_floor = [int(x) for x in np.argsort(sets.tf, kind="stable")]  # low floors first: a low best early
+        for chosen in itertools.combinations(by_floor, D):
+            data = tuple(sorted(chosen))
+            val = sets.value(data, best[0])
             if val < best[0]:
                 best = (val, data)
+            if best[0] <= cap:
+                break  # the capacity floor decides
     return FreeFloor(max(cap, best[0]), tuple(int(x) for x in best[1]), True, exact, cap)
 
 
-def _routed(
-    problem: Problem, value: Callable[[tuple[int, ...], float], float], tf: np.ndarray
-) -> tuple[float, tuple[int, ...]]:
-    """The least floor over the data-node sets, raised by ``routed_floor.routed_set_floor``: the
-    sets are taken by their floor, least first, and each one's floor raised by its routing while
-    it is below the least raised so far (at most ``ROUTED_SOLVES`` programmes of ``ROUTED_WORK``
-    variables in all; the next set's floor caps the result)."""
+def set_floors(problem: Problem, exact: bool = True) -> SetFloor:
+    """The floor of each data-node set (``set_floor.SetFloor``), with the round trips
+    enumerated (``exact``) or bounded from below (no set then keeps its trips off the others)."""
+    tf, r0, ra, out, back, set_trips = _trip_floors(problem, exact)
+    _serial_floors(problem, tf, out, back, range(problem.n))
+    return SetFloor(problem, tf, r0, ra, set_trips)
+
+
+def _trip_floors(problem: Problem, exact: bool) -> tuple[np.ndarray, ...]:
+    """(tf, R0, RA, time out, time back, SetTrips or None): every node's closed-form floor as a
+    data node and what it was made from."""
+    cm = problem.cost_model
+    m = problem.workload.microbatches_per_data_node
+    f = np.asarray(problem.forward_s, dtype=float)
+    mem = np.asarray(problem.memory, dtype=int)
+    set_trips: SetTrips | None = None
+    if exact:
+        r0, ra, out, back, set_trips = _enumerated_trips(problem)
+    else:
+        (r0, ra), (out, back) = relaxed_round_trips(problem), relaxed_lags(problem)
+    tf = np.array([trip_floor(r0[d], f[d], f[d] * cm.backward_factor, m, max(1, int(mem[d])), cm.inject_gap_s,
+                              cm.op_gap_s) for d in range(problem.n)])
+    return tf, r0, ra, out, back, set_trips
+
+
+def _routed(problem: Problem, sets: SetFloor) -> tuple[float, tuple[int, ...]]:
+    """The least floor over the data-node sets, best first: the set with the least floor so far
+    is raised by ``SetFloor.apart`` (round trips off the other data nodes), then by
+    ``routed_floor.routed_set_floor`` (at most ``ROUTED_SOLVES`` programmes of ``ROUTED_WORK``
+    variables in all), and is the answer once it cannot be raised further (every other set's
+    floor is at least as high)."""
     D = int(problem.stage_sizes[0])
-    ranked = sorted((value(data, math.inf), data) for data in itertools.combinations(range(problem.n), D))
-    raised: tuple[float, tuple[int, ...]] = (math.inf, ())
-    for solved, (val, data) in enumerate(ranked):
-        if val >= raised[0]:
-            break
-        if solved >= min(ROUTED_SOLVES, ROUTED_WORK // path_count(problem)):
-            return min(raised, (val, data))  # every set not raised has at least this floor
-        raised = min(raised, (max(val, routed_set_floor(problem, data, tf)), data))
-    return raised
+    # (floor, -steps, set): among equal floors the most raised set comes first
+    heap = [(sets.spread(data), 0, data) for data in itertools.combinations(range(problem.n), D)]
+    heapq.heapify(heap)
+    solves = min(ROUTED_SOLVES, ROUTED_WORK // path_count(problem))
+    while heap:
+        val, step, data = heapq.heappop(heap)
+        if step == 0 and sets.set_trips is not None:
+            heapq.heappush(heap, (max(val, sets.apart(data)), -1, data))
+        elif step > -2 and solves > 0:
+            solves -= 1
+            heapq.heappush(heap, (max(val, routed_set_floor(problem, data, sets.tf)), -2, data))
+        else:
+            return val, data
+    return math.inf, ()
 
 
 def plan_free_floor(plan: Plan) -> FreeFloor | None:

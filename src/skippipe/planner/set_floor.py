@@ -1,0 +1,141 @@
+"""The floor of one data-node set, for ``floors.free_allocation_floor``.
+
+For a set D of data nodes (the nodes of stage 0), ``SetFloor.value`` is the largest of:
+
+- each d in D finishes no sooner than its own floor ``tf[d]`` (the closed form and the solved
+  schedule of its fastest round trip through any other nodes);
+- a node x that some microbatch must visit (the others' TC1 caps alone cannot take the
+  visits) is visited by a microbatch of some d in D, whose round trip is at least the fastest
+  one through x, RA(d, x): d then finishes no sooner than ``slow_one`` of it;
+- with the round trips enumerated (``set_trips``), both again with every round trip kept off
+  D's other nodes, which no path visits (stage 0 is visited only at the own data node, CC2).
+
+Each term holds for every allocation with data nodes D, path choice and processing order, so
+the least value over the sets bounds every plan.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from skippipe.bounds import trip_floor
+from skippipe.planner.problem import Problem
+from skippipe.planner.set_trips import SetTrips
+from skippipe.serial_floor import serial_trip_floor
+
+
+def slow_one(ra: float, r0: float, m: int, k: int, og: float) -> float:
+    """Least finish of a data node with one round trip >= ra and m - 1 others >= r0 on k chains.
+
+    Its microbatches hold its slots from injection to last backward and a slot's next injection
+    waits ``og`` after that backward, so they form at most k chains run back to back; the chain
+    holding the slow one, with c microbatches, lasts at least ra + (c - 1)(r0 + og), and the
+    other m - c fill k - 1 chains."""
+    best = math.inf
+    for c in range(1, m + 1):
+        slow = ra + (c - 1) * (r0 + og)
+        rest = m - c
+        if rest and k <= 1:
+            continue
+        q = math.ceil(rest / (k - 1)) if rest else 0
+        other = q * r0 + (q - 1) * og if q else 0.0
+        best = min(best, max(slow, other))
+    return best
+
+
+class SetFloor:
+    """The floor of each data-node set of a problem (see the module text)."""
+
+    def __init__(self, problem: Problem, tf: np.ndarray, r0: np.ndarray, ra: np.ndarray,
+                 set_trips: SetTrips | None) -> None:
+        self.problem = problem
+        self.tf = tf
+        self.set_trips = set_trips
+        cm, w = problem.cost_model, problem.workload
+        self.f = np.asarray(problem.forward_s, dtype=float)
+        self.mem = np.asarray(problem.memory, dtype=int)
+        self.m = w.microbatches_per_data_node
+        self.visits = int(problem.stage_sizes[0]) * self.m * (w.path_length - 1)
+        n = problem.n
+        self.slow = np.full((n, n), math.inf)
+        for d in range(n):
+            for x in range(n):
+                if x != d and math.isfinite(ra[d, x]):
+                    self.slow[d, x] = max(tf[d], slow_one(ra[d, x], r0[d], self.m, self._chains(d), cm.op_gap_s))
+        self._solved: dict[tuple[int, float, float], float] = {}
+
+    def _chains(self, d: int) -> int:
+        return max(1, min(int(self.mem[d]), self.m))
+
+    def value(self, data: tuple[int, ...], cutoff: float = math.inf) -> float:
+        """The floor of the set ``data`` (stops early at ``cutoff``)."""
+        val = self.spread(data, cutoff)
+        return max(val, self.apart(data, cutoff)) if self.set_trips is not None and val < cutoff else val
+
+    def must_visit(self, data: tuple[int, ...]) -> np.ndarray:
+        """The nodes outside ``data`` that some microbatch must visit: the others' TC1 caps
+        alone cannot take the visits."""
+        mask = np.ones(self.problem.n, dtype=bool)
+        mask[list(data)] = False
+        others = np.flatnonzero(mask)
+        speed = 1.0 / self.f[others]
+        caps = np.maximum(1, np.ceil(self.visits * speed / speed.sum() - 1e-9)).astype(int)  # as Problem.load_caps
+        return others[self.visits - (caps.sum() - caps) > 0]
+
+    def spread(self, data: tuple[int, ...], cutoff: float = math.inf) -> float:
+        """The floor of the set with round trips through any other nodes."""
+        idx = list(data)
+        val = float(self.tf[idx].max())
+        if val >= cutoff:
+            return val
+        must = self.must_visit(data)
+        if len(must):
+            val = max(val, float(self.slow[np.ix_(idx, must)].min(axis=0).max()))
+        return val
+
+    def apart(self, data: tuple[int, ...], cutoff: float = math.inf) -> float:
+        """The floor of the set with round trips kept off its other data nodes (solved
+        schedules only while the rest stays below ``cutoff``; they are cached by their inputs)."""
+        if self.set_trips is None:
+            return 0.0
+        cm, f, m = self.problem.cost_model, self.f, self.m
+        in_set = np.zeros(self.problem.n, dtype=bool)
+        in_set[list(data)] = True
+        trips = {d: self.set_trips.avoiding(d, in_set) for d in data}
+        val = 0.0
+        for d, (trip, _, _) in trips.items():
+            closed = trip_floor(trip, f[d], f[d] * cm.backward_factor, m, max(1, int(self.mem[d])),
+                                cm.inject_gap_s, cm.op_gap_s) if math.isfinite(trip) else math.inf
+            val = max(val, float(self.tf[d]), closed)
+        for d, (_, t_out, t_back) in trips.items():
+            if val >= cutoff:
+                return val
+            val = max(val, self._serial(d, t_out, t_back))
+        for x in self.must_visit(data):
+            if val >= cutoff:
+                return val
+            through = math.inf
+            for d, (trip, _, _) in trips.items():
+                ra = self.set_trips.avoiding_through(d, in_set, int(x))
+                through = min(through, max(float(self.tf[d]), slow_one(ra, trip, m, self._chains(d), cm.op_gap_s)))
+                if through <= val:
+                    break  # x cannot raise the floor
+            val = max(val, through)
+        return val
+
+    def _serial(self, d: int, t_out: float, t_back: float) -> float:
+        key = (d, t_out, t_back)
+        if key not in self._solved:
+            self._solved[key] = solved_floor(self.problem, d, t_out, t_back)
+        return self._solved[key]
+
+
+def solved_floor(problem: Problem, d: int, t_out: float, t_back: float) -> float:
+    """``serial_trip_floor`` of data node d with these least times out and back (0 where the
+    search stops at its step cap)."""
+    cm, m = problem.cost_model, problem.workload.microbatches_per_data_node
+    value = serial_trip_floor(float(problem.forward_s[d]), t_out, t_back, m, max(1, int(problem.memory[d])),
+                              cm.loss_factor, cm.backward_factor, cm.inject_gap_s, cm.op_gap_s)
+    return value or 0.0
