@@ -79,13 +79,15 @@ def _round_trips(problem: Problem) -> tuple[np.ndarray, np.ndarray, np.ndarray, 
     RA[d, x], the fastest one that visits x (inf on the diagonal); and the least time a
     microbatch of d is away before its loss (hops out, forwards, the hop back) and after it
     (hops and backwards back)."""
-    return _enumerated_trips(problem)[:4]
+    return _enumerated_trips(problem, keep=False)[:4]
 
 
-def _enumerated_trips(problem: Problem) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, SetTrips]:
-    """``_round_trips`` and every data node's tuples kept for ``SetTrips`` (one pass)."""
+def _enumerated_trips(
+    problem: Problem, keep: bool = True
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, SetTrips | None]:
+    """``_round_trips`` and, with ``keep``, every data node's tuples kept for ``SetTrips`` (one pass)."""
     n = problem.n
-    trips = SetTrips()
+    trips = SetTrips() if keep else None
     hops = problem.workload.path_length - 1
     edge, visit, own, gaps = round_trip_terms(problem)
     r0 = np.full(n, math.inf)
@@ -113,7 +115,8 @@ def _enumerated_trips(problem: Problem) -> tuple[np.ndarray, np.ndarray, np.ndar
         outs = t[d, first] + inner_out[ok] + t[last, d]
         backs = t[d, last] + inner_back[ok] + t[first, d]
         out[d], back[d] = float(outs.min()), float(backs.min())
-        trips.add(d, tup, cost, outs, backs)
+        if trips is not None:
+            trips.add(d, tup, cost, outs, backs)
     return r0, ra, out, back, trips
 
 
@@ -150,7 +153,7 @@ def free_allocation_floor(problem: Problem, max_sets: int = 200_000, max_tuples:
         raise UserError(f"free_allocation_floor: {D} data nodes but only {n} nodes")
     exact = n * math.perm(n - 1, max(0, hops)) <= max_tuples
     if math.comb(n, D) > max_sets or hops <= 0:
-        tf, _, _, out, back, _ = _trip_floors(problem, exact)
+        tf, _, _, out, back, _ = _trip_floors(problem, exact, keep=False)
         _set_free(problem, tf, out, back)
         order = np.argsort(tf, kind="stable")
         cap = capacity_floor(problem, tf)
@@ -180,16 +183,18 @@ def set_floors(problem: Problem, exact: bool = True) -> SetFloor:
     return SetFloor(problem, tf, r0, ra, set_trips)
 
 
-def _trip_floors(problem: Problem, exact: bool) -> tuple[np.ndarray, ...]:
+def _trip_floors(
+    problem: Problem, exact: bool, keep: bool = True
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, SetTrips | None]:
     """(tf, R0, RA, time out, time back, SetTrips or None): every node's closed-form floor as a
-    data node and what it was made from."""
+    data node and what it was made from (the sorted round trips only when ``keep``)."""
     cm = problem.cost_model
     m = problem.workload.microbatches_per_data_node
     f = np.asarray(problem.forward_s, dtype=float)
     mem = np.asarray(problem.memory, dtype=int)
     set_trips: SetTrips | None = None
     if exact:
-        r0, ra, out, back, set_trips = _enumerated_trips(problem)
+        r0, ra, out, back, set_trips = _enumerated_trips(problem, keep)
     else:
         (r0, ra), (out, back) = relaxed_round_trips(problem), relaxed_lags(problem)
     tf = np.array([trip_floor(r0[d], f[d], f[d] * cm.backward_factor, m, max(1, int(mem[d])), cm.inject_gap_s,

@@ -34,7 +34,7 @@ class SetTrips:
         entries = []
         for values in (trip, out, back):
             order = np.argsort(values, kind="stable")
-            entries.append((values[order], tuples[order]))
+            entries.append((values[order], tuples[order].astype(np.int32)))
         self._sorted[d] = entries
 
     def avoiding(self, d: int, in_set: np.ndarray) -> tuple[float, float, float]:
