@@ -11,11 +11,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cluster_strategies import generated_problems
-from skippipe.bounds import trip_floor
 from skippipe.cluster_gen import random_global_cluster
 from skippipe.errors import UserError
 from skippipe.planner import floors
-from skippipe.planner.floors import _round_trips, free_allocation_floor
+from skippipe.planner.floors import free_allocation_floor
 from skippipe.planner.methods import make_plan
 from skippipe.planner.problem import Problem, build_problem
 from skippipe.planner.relaxed_floors import heads_and_tails
@@ -24,11 +23,7 @@ from skippipe.workload import Workload
 
 
 def _trip_floors(problem: Problem) -> np.ndarray:
-    cm, m = problem.cost_model, problem.workload.microbatches_per_data_node
-    r0, _, _, _ = _round_trips(problem)
-    f = np.asarray(problem.forward_s, dtype=float)
-    return np.array([trip_floor(r0[d], f[d], f[d] * cm.backward_factor, m, max(1, int(problem.memory[d])),
-                                cm.inject_gap_s, cm.op_gap_s) for d in range(problem.n)])
+    return floors._trip_floors(problem, exact=True, keep=False)[0]
 
 
 def _brute_force(problem: Problem, data: tuple[int, ...], tf: np.ndarray) -> float:

@@ -46,7 +46,7 @@ from skippipe.planfile import Plan
 from skippipe.planner.problem import Problem, build_problem
 from skippipe.planner.relaxed_floors import capacity_floor, relaxed_lags, relaxed_round_trips, round_trip_terms
 from skippipe.planner.routed_floor import MAX_PATHS, path_count, routed_set_floor
-from skippipe.planner.set_floor import SetFloor, solved_floor
+from skippipe.planner.set_floor import SetFloor, closed_floor, solved_floor
 from skippipe.planner.set_trips import SetTrips
 from skippipe.workload import workload_from_dict
 
@@ -188,17 +188,12 @@ def _trip_floors(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, SetTrips | None]:
     """(tf, R0, RA, time out, time back, SetTrips or None): every node's closed-form floor as a
     data node and what it was made from (the sorted round trips only when ``keep``)."""
-    cm = problem.cost_model
-    m = problem.workload.microbatches_per_data_node
-    f = np.asarray(problem.forward_s, dtype=float)
-    mem = np.asarray(problem.memory, dtype=int)
     set_trips: SetTrips | None = None
     if exact:
         r0, ra, out, back, set_trips = _enumerated_trips(problem, keep)
     else:
         (r0, ra), (out, back) = relaxed_round_trips(problem), relaxed_lags(problem)
-    tf = np.array([trip_floor(r0[d], f[d], f[d] * cm.backward_factor, m, max(1, int(mem[d])), cm.inject_gap_s,
-                              cm.op_gap_s) for d in range(problem.n)])
+    tf = np.array([closed_floor(problem, d, float(r0[d])) for d in range(problem.n)])
     return tf, r0, ra, out, back, set_trips
 
 

@@ -100,15 +100,13 @@ class SetFloor:
         schedules only while the rest stays below ``cutoff``; they are cached by their inputs)."""
         if self.set_trips is None:
             return 0.0
-        cm, f, m = self.problem.cost_model, self.f, self.m
+        cm, m = self.problem.cost_model, self.m
         in_set = np.zeros(self.problem.n, dtype=bool)
         in_set[list(data)] = True
         trips = {d: self.set_trips.avoiding(d, in_set) for d in data}
         val = 0.0
         for d, (trip, _, _) in trips.items():
-            closed = trip_floor(trip, f[d], f[d] * cm.backward_factor, m, max(1, int(self.mem[d])),
-                                cm.inject_gap_s, cm.op_gap_s) if math.isfinite(trip) else math.inf
-            val = max(val, float(self.tf[d]), closed)
+            val = max(val, float(self.tf[d]), closed_floor(self.problem, d, trip))
         for d, (_, t_out, t_back) in trips.items():
             if val >= cutoff:
                 return val
@@ -130,6 +128,13 @@ class SetFloor:
         if key not in self._solved:
             self._solved[key] = solved_floor(self.problem, d, t_out, t_back)
         return self._solved[key]
+
+
+def closed_floor(problem: Problem, d: int, trip: float) -> float:
+    """``trip_floor`` of data node d with round trips of at least ``trip`` (inf when inf)."""
+    cm, f = problem.cost_model, float(problem.forward_s[d])
+    return trip_floor(trip, f, f * cm.backward_factor, problem.workload.microbatches_per_data_node,
+                      max(1, int(problem.memory[d])), cm.inject_gap_s, cm.op_gap_s)
 
 
 def solved_floor(problem: Problem, d: int, t_out: float, t_back: float) -> float:
