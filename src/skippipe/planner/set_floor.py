@@ -64,7 +64,6 @@ class SetFloor:
             for x in range(n):
                 if x != d and math.isfinite(ra[d, x]):
                     self.slow[d, x] = max(tf[d], slow_one(ra[d, x], r0[d], self.m, self._chains(d), cm.op_gap_s))
-        self._solved: dict[tuple[int, float, float], float] = {}
 
     def _chains(self, d: int) -> int:
         return max(1, min(int(self.mem[d]), self.m))
@@ -97,7 +96,7 @@ class SetFloor:
 
     def apart(self, data: tuple[int, ...], cutoff: float = math.inf) -> float:
         """The floor of the set with round trips kept off its other data nodes (solved
-        schedules only while the rest stays below ``cutoff``; they are cached by their inputs)."""
+        schedules only while the rest stays below ``cutoff``; ``serial_trip_floor`` caches them)."""
         if self.set_trips is None:
             return 0.0
         cm, m = self.problem.cost_model, self.m
@@ -110,7 +109,7 @@ class SetFloor:
         for d, (_, t_out, t_back) in trips.items():
             if val >= cutoff:
                 return val
-            val = max(val, self._serial(d, t_out, t_back))
+            val = max(val, solved_floor(self.problem, d, t_out, t_back))
         for x in self.must_visit(data):
             if val >= cutoff:
                 return val
@@ -122,12 +121,6 @@ class SetFloor:
                     break  # x cannot raise the floor
             val = max(val, through)
         return val
-
-    def _serial(self, d: int, t_out: float, t_back: float) -> float:
-        key = (d, t_out, t_back)
-        if key not in self._solved:
-            self._solved[key] = solved_floor(self.problem, d, t_out, t_back)
-        return self._solved[key]
 
 
 def closed_floor(problem: Problem, d: int, trip: float) -> float:
