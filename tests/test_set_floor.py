@@ -56,6 +56,19 @@ def test_round_trips_off_the_set_match_brute_force(problem, data):
         assert np.allclose(got, want, rtol=1e-9, atol=1e-9) or (math.isinf(got[0]) and math.isinf(want[0]))
 
 
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(small_problems(), st.data())
+def test_must_visit_nodes_are_those_the_plans_caps_cannot_spare(problem, data):
+    D = int(problem.stage_sizes[0])
+    chosen = data.draw(st.lists(st.sampled_from(range(problem.n)), min_size=D, max_size=D, unique=True))
+    others = [x for x in range(problem.n) if x not in chosen]
+    caps = problem.load_caps([chosen, others])  # the caps every plan with these data nodes carries
+    visits = D * problem.workload.microbatches_per_data_node * (problem.workload.path_length - 1)
+    want = [x for x in others if sum(caps[y] for y in others if y != x) < visits]
+    got = set_floors(problem, exact=False).must_visit(tuple(chosen))
+    assert got.tolist() == want
+
+
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(small_problems(), st.sampled_from(["naive", "random", "skippipe-no-tc2"]), st.integers(0, 10_000))
 def test_set_floor_is_below_every_plan_with_those_data_nodes(problem, method, seed):

@@ -6,7 +6,7 @@ built by ``Problem.make_plan`` so that all plans carry the same costs and metada
 
 from __future__ import annotations
 
-import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -65,10 +65,8 @@ class Problem:
             caps[node] = w.microbatches_per_data_node
         others = [node for s in stages[1:] for node in s]
         visits = len(data) * w.microbatches_per_data_node * (w.path_length - 1)
-        speed = 1.0 / self.forward_s[others]
-        share = visits * speed / speed.sum()
-        for node, x in zip(others, share):
-            caps[node] = max(1, math.ceil(x - 1e-9))
+        for node, cap in zip(others, shared_caps(self.forward_s, others, visits)):
+            caps[node] = int(cap)
         return caps
 
     def make_plan(
@@ -107,6 +105,13 @@ class Problem:
             nodes=nodes,
             meta={"cluster": self.cluster.name, **(meta or {})},
         )
+
+
+def shared_caps(forward_s: np.ndarray, others: Sequence[int] | np.ndarray, visits: int) -> np.ndarray:
+    """TC1 caps of the nodes ``others`` (those outside stage 0): ``visits`` shared in proportion
+    to speed (1 / forward time), rounded up, at least 1 (``Problem.load_caps``)."""
+    speed = 1.0 / np.asarray(forward_s, dtype=float)[np.asarray(others, dtype=int)]
+    return np.maximum(1, np.ceil(visits * speed / speed.sum() - 1e-9)).astype(int)
 
 
 def build_problem(cluster: Cluster, workload: Workload, cost_model: CostModel | None = None) -> Problem:

@@ -21,7 +21,7 @@ import math
 import numpy as np
 
 from skippipe.bounds import trip_floor
-from skippipe.planner.problem import Problem
+from skippipe.planner.problem import Problem, shared_caps
 from skippipe.planner.set_trips import SetTrips
 from skippipe.serial_floor import serial_trip_floor
 
@@ -79,8 +79,7 @@ class SetFloor:
         mask = np.ones(self.problem.n, dtype=bool)
         mask[list(data)] = False
         others = np.flatnonzero(mask)
-        speed = 1.0 / self.f[others]
-        caps = np.maximum(1, np.ceil(self.visits * speed / speed.sum() - 1e-9)).astype(int)  # as Problem.load_caps
+        caps = shared_caps(self.f, others, self.visits)
         return others[self.visits - (caps.sum() - caps) > 0]
 
     def spread(self, data: tuple[int, ...], cutoff: float = math.inf) -> float:
