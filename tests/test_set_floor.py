@@ -11,10 +11,12 @@ from hypothesis import strategies as st
 
 from cluster_strategies import generated_problems
 from skippipe.cluster import Cluster
+from skippipe.cluster_gen import random_global_cluster
 from skippipe.errors import UserError
 from skippipe.planner.floors import _enumerated_trips, free_allocation_floor, set_floors
 from skippipe.planner.methods import make_plan, with_allocation
 from skippipe.planner.problem import build_problem
+from skippipe.planner.set_floor import covered_floor
 from skippipe.workload import Workload
 
 
@@ -54,6 +56,33 @@ def test_round_trips_off_the_set_match_brute_force(problem, data):
         got = trips.avoiding(d, in_set)
         want = _brute_avoiding(problem, d, chosen)
         assert np.allclose(got, want, rtol=1e-9, atol=1e-9) or (math.isinf(got[0]) and math.isinf(want[0]))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([1.0, 2.0, 3.0, 5.0, math.inf]), st.integers(1, 3)), min_size=1, max_size=4),
+       st.integers(1, 8))
+def test_covered_floor_is_the_best_dealing_of_the_visits(nodes, visits):
+    through = np.array([t for t, _ in nodes])
+    caps = np.array([c for _, c in nodes])
+    best = math.inf  # every way to deal the visits under the caps: the dearest node it uses
+    for dealt in itertools.product(*(range(c + 1) for c in caps)):
+        if sum(dealt) == visits:
+            best = min(best, max(t for t, k in zip(through, dealt) if k))
+    got = covered_floor(through, caps, visits)
+    assert got == best or (caps.sum() < visits and math.isinf(best))
+
+
+def test_visits_the_near_nodes_cannot_take_cross_a_broken_link():
+    # 10 nodes on the globe, 40 % of the links broken, one slot each, no skipping: the nodes
+    # near any set of data nodes cannot take all its visits, so some round trip is far dearer
+    # than every data node's own (floor 213.5 s before); every plan stays above the floor
+    cluster = random_global_cluster(10, seed=149, memory=(1, 1), broken=0.4)
+    problem = build_problem(cluster, Workload(num_stages=3, path_length=3, microbatches_per_data_node=6,
+                                              max_swaps=0, max_jump=1))
+    floor = free_allocation_floor(problem)
+    assert floor.value > 3 * float(set_floors(problem).tf[list(floor.data_nodes)].max())
+    for method in ("naive", "skippipe-no-tc2"):
+        assert make_plan(method, problem, seed=0).predicted_makespan_s >= floor.value - 1e-9
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -10,8 +10,8 @@ exactly (33.05 s, against a memory floor of 30.41 s).
 ``free_allocation_floor`` bounds every plan of a problem whose allocation is ours to choose,
 counting the TC1 loads. For a set D of data nodes (every set of the stage-0 size is tried),
 ``set_floor.SetFloor`` gives its floor (see its module text): each data node's own floor over
-its fastest round trips, the slow round trip through a node that must be visited, and both
-again with the round trips kept off D's other data nodes.
+its fastest round trips, the slow round trip that the TC1 caps force (the cheap nodes cannot
+take every visit), and both again with the round trips kept off D's other data nodes.
 The floor of the problem is the least over D.
 Where the sets and paths are few (``ROUTED_SETS``, ``routed_floor.MAX_PATHS``), the sets with
 the least floors are raised by routing their visits under the TC1 caps

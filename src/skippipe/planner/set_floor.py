@@ -4,9 +4,12 @@ For a set D of data nodes (the nodes of stage 0), ``SetFloor.value`` is the larg
 
 - each d in D finishes no sooner than its own floor ``tf[d]`` (the closed form and the solved
   schedule of its fastest round trip through any other nodes);
-- a node x that some microbatch must visit (the others' TC1 caps alone cannot take the
-  visits) is visited by a microbatch of some d in D, whose round trip is at least the fastest
-  one through x, RA(d, x): d then finishes no sooner than ``slow_one`` of it;
+- a visit to node x is a microbatch of some d in D, whose round trip is at least the fastest
+  one through x, RA(d, x): d then finishes no sooner than ``slow_one`` of it. Ordered by that
+  finish (the least over D), the nodes before the first whose TC1 caps, summed, take every
+  visit cannot take them all, so one visit lands on that node or a dearer one
+  (``covered_floor``; a node the others' caps cannot spare is the case of one node). Where
+  broken links split the cluster, the nodes near the data nodes are too few for their visits;
 - with the round trips enumerated (``set_trips``), both again with every round trip kept off
   D's other nodes, which no path visits (stage 0 is visited only at the own data node, CC2).
 
@@ -43,6 +46,19 @@ def slow_one(ra: float, r0: float, m: int, k: int, og: float) -> float:
         other = q * r0 + (q - 1) * og if q else 0.0
         best = min(best, max(slow, other))
     return best
+
+
+def covered_floor(through: np.ndarray, caps: np.ndarray, visits: int) -> float:
+    """The least finish of a data-node set whose ``visits`` land on nodes that take at most
+    ``caps`` each, where a visit to node i makes some data node finish no sooner than
+    ``through[i]``: the nodes cheaper than the answer cannot take every visit (their caps sum
+    to less), so one visit lands on a node at least that dear (0 when nothing is visited)."""
+    if visits <= 0 or not len(through):
+        return 0.0
+    order = np.argsort(through, kind="stable")
+    covered = np.cumsum(caps[order])
+    k = int(np.searchsorted(covered, visits))  # the first prefix whose caps take every visit
+    return float(through[order[min(k, len(order) - 1)]])
 
 
 class SetFloor:
@@ -88,10 +104,11 @@ class SetFloor:
         val = float(self.tf[idx].max())
         if val >= cutoff:
             return val
-        must = self.must_visit(data)
-        if len(must):
-            val = max(val, float(self.slow[np.ix_(idx, must)].min(axis=0).max()))
-        return val
+        mask = np.ones(self.problem.n, dtype=bool)
+        mask[idx] = False
+        others = np.flatnonzero(mask)
+        through = self.slow[np.ix_(idx, others)].min(axis=0)
+        return max(val, covered_floor(through, shared_caps(self.f, others, self.visits), self.visits))
 
     def apart(self, data: tuple[int, ...], cutoff: float = math.inf) -> float:
         """The floor of the set with round trips kept off its other data nodes (solved
