@@ -92,11 +92,15 @@ class SetFloor:
     def must_visit(self, data: tuple[int, ...]) -> np.ndarray:
         """The nodes outside ``data`` that some microbatch must visit: the others' TC1 caps
         alone cannot take the visits."""
-        mask = np.ones(self.problem.n, dtype=bool)
-        mask[list(data)] = False
-        others = np.flatnonzero(mask)
+        others = self._others(data)
         caps = shared_caps(self.f, others, self.visits)
         return others[self.visits - (caps.sum() - caps) > 0]
+
+    def _others(self, data: tuple[int, ...]) -> np.ndarray:
+        """The nodes outside ``data``, in id order."""
+        mask = np.ones(self.problem.n, dtype=bool)
+        mask[list(data)] = False
+        return np.flatnonzero(mask)
 
     def spread(self, data: tuple[int, ...], cutoff: float = math.inf) -> float:
         """The floor of the set with round trips through any other nodes."""
@@ -104,9 +108,7 @@ class SetFloor:
         val = float(self.tf[idx].max())
         if val >= cutoff:
             return val
-        mask = np.ones(self.problem.n, dtype=bool)
-        mask[idx] = False
-        others = np.flatnonzero(mask)
+        others = self._others(data)
         through = self.slow[np.ix_(idx, others)].min(axis=0)
         return max(val, covered_floor(through, shared_caps(self.f, others, self.visits), self.visits))
 
