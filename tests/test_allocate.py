@@ -275,3 +275,24 @@ def test_a_tc1_refusal_names_the_short_stages_and_their_fix():
     # the fix it names: stages 3 and 4 get as many nodes as the others (here one each, with 4 data nodes)
     fixed = Workload(num_stages=5, path_length=5, microbatches_per_data_node=7, n_layers=10, stage_sizes=[4, 1, 1, 1, 1])
     assert make_plan("skippipe", build_problem(cluster, fixed)).predicted_makespan_s > 0
+
+
+@pytest.mark.parametrize("s", [3, 4, 5, 7, 8, 9])
+def test_held_karp_agrees_with_enumeration_with_ties_and_sizes(s):
+    # costs on a coarse grid (many ties) and mixed group sizes: Held-Karp's tour has the
+    # enumerated optimum's cost and puts a group of the right size at every position
+    rng = np.random.default_rng(100 + s)
+    for _ in range(20):
+        a = np.round(rng.random((s, s)) * 3)
+        cost = a + a.T
+        slots = [4] + sorted(rng.integers(2, 4, s - 1).tolist())
+        groups = [slots[0], *rng.permutation(slots[1:]).tolist()]
+        brute = min(
+            sum(cost[p[i], p[(i + 1) % s]] for i in range(s))
+            for p in ([0, *q] for q in itertools.permutations(range(1, s)))
+            if [groups[g] for g in p] == slots
+        )
+        order, total = _held_karp(cost, np.array(groups), np.array(slots))
+        assert total == pytest.approx(brute)
+        assert sorted(order) == list(range(s)) and [groups[g] for g in order] == slots
+        assert total == pytest.approx(sum(cost[order[i], order[(i + 1) % s]] for i in range(s)))

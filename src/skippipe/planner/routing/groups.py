@@ -31,6 +31,8 @@ from skippipe.planner.problem import Problem
 from skippipe.planner.routing.assign import Capacity, route_one
 from skippipe.planner.routing.sequences import RouteCosts, cheapest_chain, cheapest_over_sequences, node_classes
 
+POOL_CHAINS = 20_000  # chains enumerated for one pair of data nodes at most (``_pair_pool``)
+
 
 @dataclass
 class GroupCosts:
@@ -124,6 +126,28 @@ def private_chains(
     return chains or None
 
 
+def _pair_pool(
+    gc: GroupCosts, stages: list[list[int]], seqs: tuple[tuple[int, ...], ...], pair: list[int], worst: int,
+    free: np.ndarray, per_stage: int,
+) -> list[list[int]]:
+    """Per stage, the pool of ``_improve_pairs``: the two chains' nodes plus the ``per_stage``
+    free nodes nearest the data node ``worst``, fewer where the chains through the pool would
+    number more than ``POOL_CHAINS`` (long paths: 5 nodes a stage over 8 stages are 390,625
+    chains per stage order)."""
+    spares = []
+    for s in stages[1:]:
+        spare = [int(x) for x in s if free[x]]
+        spare.sort(key=lambda x: (gc.rc.edge[worst, x] + gc.rc.node[x], x))
+        spares.append(spare)
+    k = per_stage
+    while True:
+        pool = set(pair).union(*(spare[:k] for spare in spares))
+        by_stage = [[x for x in s if x in pool] for s in stages]
+        if k == 0 or sum(math.prod(len(by_stage[s]) for s in seq) for seq in seqs) <= POOL_CHAINS:
+            return by_stage
+        k -= 1
+
+
 def _improve_pairs(
     gc: GroupCosts, stages: list[list[int]], seqs: tuple[tuple[int, ...], ...], chains: dict[int, list[int]],
     est: dict[int, float],
@@ -144,12 +168,8 @@ def _improve_pairs(
         wanted = {owner[x] for x in near[worst] if x in owner and owner[x] != worst}
         improved = False
         for e in sorted(wanted, key=lambda e: (est[e], e)):
-            pool = set(chains[worst]) | set(chains[e])
-            for a in arrays[1:]:
-                spare = [int(x) for x in a if free[x]]
-                spare.sort(key=lambda x: (gc.rc.edge[worst, x] + gc.rc.node[x], x))
-                pool.update(spare[:per_stage])
-            by_stage = [[x for x in s if x in pool] for s in stages]
+            by_stage = _pair_pool(gc, stages, seqs, chains[worst] + chains[e], worst, free, per_stage)
+            pool = {x for s in by_stage for x in s}
             current = (max(est[worst], est[e]), est[worst] + est[e])
             best = None
             for e1, c1 in _chains_in_pool(gc, worst, by_stage, seqs):

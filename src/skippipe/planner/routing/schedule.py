@@ -213,16 +213,32 @@ def build_plan(
 TIMED_ORDERS = 0.4
 # above this many nodes the default budget shrinks with the square of the size
 BUDGET_FULL_NODES = 200
+# up to BUDGET_FULL_NODES the budget also keeps simulations x operations of one iteration within
+# PLANNING_SHARE of the planning-time target (10 s up to 40 nodes, 30 s at 100): heavy workloads
+# (long paths, many microbatches) simulate longer. SIM_OP_S is the planning CPU time per
+# simulation and operation of one iteration, measured on the 2-core machine: 2.4-2.7 us on the
+# 100-node suite clusters, 3.0 us on the 40-node one, 2.4-4.6 us on generated 30-40-node ones
+SIM_OP_S = 3.0e-6
+PLANNING_SHARE = 0.9
+
+
+def planning_target_s(n: int) -> float:
+    """The planning-time target of the default budget: 10 s up to 40 nodes, 30 s from 100."""
+    return 10.0 + 20.0 * min(1.0, max(0, n - 40) / 60)
 
 
 def default_budget(problem: Problem) -> int:
     """Simulations the search may run when no other budget is given: 4,800 at 20 nodes, 8,000
     from 100 to 200 nodes; above that 8,000 x (200 / N)^2 (320 at 1,000 nodes), because a
     simulation of the critical component grows with the cluster (on an uneven 1,000-node
-    cluster the components span hundreds of nodes) and planning must stay within a minute."""
+    cluster the components span hundreds of nodes) and planning must stay within a minute.
+    Up to 200 nodes, fewer where one iteration has many operations (``SIM_OP_S``): a
+    40-node cluster with L = 7 and 8 microbatches per data node took 18 s with 5,600."""
     full = int(4000 + 40 * min(problem.n, 100))
     if problem.n <= BUDGET_FULL_NODES:
-        return full
+        w = problem.workload
+        ops = int(problem.stage_sizes[0]) * w.microbatches_per_data_node * (2 * w.path_length + 1)
+        return max(500, min(full, int(PLANNING_SHARE * planning_target_s(problem.n) / (SIM_OP_S * ops))))
     return max(100, int(full * (BUDGET_FULL_NODES / problem.n) ** 2))
 
 

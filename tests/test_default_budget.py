@@ -1,0 +1,41 @@
+"""The default search budget (``routing.schedule.default_budget``): simulations counted, so a
+plan does not depend on the machine, and bounded by the work of one simulation so that heavy
+workloads still plan within the planning-time target."""
+
+from __future__ import annotations
+
+import pytest
+
+from skippipe.cluster_gen import random_global_cluster
+from skippipe.planner.problem import build_problem
+from skippipe.planner.routing import schedule
+from skippipe.workload import Workload
+
+
+def _problem(n: int, stages: int, length: int, m: int):
+    cluster = random_global_cluster(n, seed=3, speed=(0.5, 2.0), memory=(1, 3))
+    return build_problem(cluster, Workload(num_stages=stages, path_length=length, microbatches_per_data_node=m))
+
+
+def _ops(problem) -> int:
+    w = problem.workload
+    return int(problem.stage_sizes[0]) * w.microbatches_per_data_node * (2 * w.path_length + 1)
+
+
+@pytest.mark.parametrize("n", [12, 20, 24, 30])
+def test_light_workloads_keep_the_count_by_nodes(n):
+    problem = _problem(n, 4, 3, 6)
+    assert schedule.default_budget(problem) == 4000 + 40 * n
+
+
+@pytest.mark.parametrize(("n", "stages", "length", "m"), [(40, 8, 7, 8), (40, 9, 9, 8), (60, 9, 9, 8), (100, 9, 5, 6)])
+def test_heavy_workloads_get_fewer_simulations_within_the_time_target(n, stages, length, m):
+    # 40 nodes, L = 7, 8 microbatches per data node: 5,600 simulations took 18 s (target 10 s)
+    problem = _problem(n, stages, length, m)
+    budget = schedule.default_budget(problem)
+    assert budget < 4000 + 40 * min(n, 100)
+    assert budget * _ops(problem) * schedule.SIM_OP_S <= schedule.PLANNING_SHARE * schedule.planning_target_s(n) + 1e-9
+
+
+def test_the_planning_target_runs_from_10_s_to_30_s():
+    assert [schedule.planning_target_s(n) for n in (12, 40, 70, 100, 200)] == [10.0, 10.0, 20.0, 30.0, 30.0]
