@@ -34,36 +34,28 @@ def test_long_chains_tried_one_way_round_find_the_same_best_group(seed):
     assert halved.best(members) == (a, chain_a)  # remembered
 
 
-def _pool_problem(n: int, stages_n: int, length: int):
+def _pool(n: int, stages_n: int, length: int) -> tuple[list[list[int]], list[list[int]], list[int]]:
+    """The pair pool of two chains (each stage's first and second node) for a data node of a
+    generated cluster: (stages, pool per stage, the chains' nodes)."""
     cluster = random_global_cluster(n, seed=7, speed=(0.5, 2.0), memory=(1, 3))
     problem = build_problem(cluster, Workload(num_stages=stages_n, path_length=length, microbatches_per_data_node=2))
     sizes = problem.stage_sizes
-    ids = list(range(n))
-    stages = [ids[sum(sizes[:s]):sum(sizes[:s + 1])] for s in range(len(sizes))]
-    seqs = tuple(tuple(range(1, length)) for _ in range(1))
-    return problem, stages, seqs
+    stages = [list(range(sum(sizes[:s]), sum(sizes[:s + 1]))) for s in range(len(sizes))]
+    pair = [s[0] for s in stages[1:]] + [s[1] for s in stages[1:]]
+    free = np.ones(problem.n, dtype=bool)
+    free[pair + stages[0]] = False
+    seqs = (tuple(range(1, length)),)
+    gc = groups.GroupCosts.from_problem(problem)
+    return stages, groups._pair_pool(gc, stages, seqs, pair, stages[0][0], free, 3), pair
 
 
 def test_pair_pool_shrinks_the_spares_on_long_paths_only():
     # 60 nodes, 9 stages, paths through 8 of them: the two chains and 3 spares a stage would be
     # 5^8 = 390,625 chains to enumerate; the pool keeps the chains and drops spares until the
     # chains number at most POOL_CHAINS. On short paths it keeps every spare.
-    problem, stages, seqs = _pool_problem(60, 9, 9)
-    gc = groups.GroupCosts.from_problem(problem)
-    pair = [s[0] for s in stages[1:]] + [s[1] for s in stages[1:]]
-    free = np.ones(problem.n, dtype=bool)
-    free[pair] = False
-    free[stages[0]] = False
-    pool = groups._pair_pool(gc, stages, seqs, pair, stages[0][0], free, 3)
+    stages, pool, pair = _pool(60, 9, 9)
     assert set(pair) <= {x for s in pool for x in s}
-    count = sum(int(np.prod([len(pool[s]) for s in seq])) for seq in seqs)
-    assert count <= groups.POOL_CHAINS
+    assert int(np.prod([len(s) for s in pool[1:]])) <= groups.POOL_CHAINS
     assert any(len(s) > 2 for s in pool[1:])  # one spare a stage still fits (3^8 = 6,561)
-    problem, stages, seqs = _pool_problem(20, 4, 4)
-    gc = groups.GroupCosts.from_problem(problem)
-    pair = [s[0] for s in stages[1:]] + [s[1] for s in stages[1:]]
-    free = np.ones(problem.n, dtype=bool)
-    free[pair] = False
-    free[stages[0]] = False
-    pool = groups._pair_pool(gc, stages, seqs, pair, stages[0][0], free, 3)
+    stages, pool, pair = _pool(20, 4, 4)
     assert all(len(s) == min(5, len(stage)) for s, stage in zip(pool[1:], stages[1:]))
