@@ -154,7 +154,8 @@ def _improve_pairs(
     free: np.ndarray, deadline: float | None, per_stage: int = 3,
 ) -> None:
     """Re-optimise the latest data node together with one other, while that helps. The pool
-    is both chains plus, per stage, the ``per_stage`` free nodes nearest the latest data node."""
+    is both chains plus, per stage, the ``per_stage`` free nodes nearest the latest data node
+    (fewer on long paths: ``_pair_pool``)."""
     arrays = [np.asarray(s, dtype=int) for s in stages]
     owner = {x: d for d, ch in chains.items() for x in ch}
     near: dict[int, list[int]] = {}  # per data node: the nodes of its best unconstrained chains

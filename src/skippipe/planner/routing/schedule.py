@@ -233,7 +233,7 @@ def default_budget(problem: Problem) -> int:
     simulation of the critical component grows with the cluster (on an uneven 1,000-node
     cluster the components span hundreds of nodes) and planning must stay within a minute.
     Up to 200 nodes, fewer where one iteration has many operations (``SIM_OP_S``): a
-    40-node cluster with L = 7 and 8 microbatches per data node took 18 s with 5,600."""
+    40-node cluster with L = 7 and 8 microbatches per data node took 12.1 s with 5,600."""
     full = int(4000 + 40 * min(problem.n, 100))
     if problem.n <= BUDGET_FULL_NODES:
         w = problem.workload
