@@ -92,15 +92,15 @@ class SetFloor:
     def must_visit(self, data: tuple[int, ...]) -> np.ndarray:
         """The nodes outside ``data`` that some microbatch must visit: the others' TC1 caps
         alone cannot take the visits."""
-        others = self._others(data)
-        caps = shared_caps(self.f, others, self.visits)
+        others, caps = self._others_and_caps(data)
         return others[self.visits - (caps.sum() - caps) > 0]
 
-    def _others(self, data: tuple[int, ...]) -> np.ndarray:
-        """The nodes outside ``data``, in id order."""
+    def _others_and_caps(self, data: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+        """The nodes outside ``data``, in id order, and their TC1 caps (``shared_caps``)."""
         mask = np.ones(self.problem.n, dtype=bool)
         mask[list(data)] = False
-        return np.flatnonzero(mask)
+        others = np.flatnonzero(mask)
+        return others, shared_caps(self.f, others, self.visits)
 
     def spread(self, data: tuple[int, ...], cutoff: float = math.inf) -> float:
         """The floor of the set with round trips through any other nodes."""
@@ -108,9 +108,9 @@ class SetFloor:
         val = float(self.tf[idx].max())
         if val >= cutoff:
             return val
-        others = self._others(data)
+        others, caps = self._others_and_caps(data)
         through = self.slow[np.ix_(idx, others)].min(axis=0)
-        return max(val, covered_floor(through, shared_caps(self.f, others, self.visits), self.visits))
+        return max(val, covered_floor(through, caps, self.visits))
 
     def apart(self, data: tuple[int, ...], cutoff: float = math.inf) -> float:
         """The floor of the set with round trips kept off its other data nodes (solved
