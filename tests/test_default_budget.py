@@ -1,4 +1,4 @@
-"""The default search budget (``routing.schedule.default_budget``): simulations counted, so a
+"""The default search budget (``routing.budget.default_budget``): simulations counted, so a
 plan does not depend on the machine, and bounded by the work of one simulation so that heavy
 workloads still plan within the planning-time target."""
 
@@ -8,7 +8,7 @@ import pytest
 
 from skippipe.cluster_gen import random_global_cluster
 from skippipe.planner.problem import build_problem
-from skippipe.planner.routing import schedule
+from skippipe.planner.routing import budget
 from skippipe.workload import Workload
 
 
@@ -25,17 +25,17 @@ def _ops(problem) -> int:
 @pytest.mark.parametrize("n", [12, 20, 24, 30])
 def test_light_workloads_keep_the_count_by_nodes(n):
     problem = _problem(n, 4, 3, 6)
-    assert schedule.default_budget(problem) == 4000 + 40 * n
+    assert budget.default_budget(problem) == 4000 + 40 * n
 
 
 @pytest.mark.parametrize(("n", "stages", "length", "m"), [(40, 8, 7, 8), (40, 9, 9, 8), (60, 9, 9, 8), (100, 9, 5, 6)])
 def test_heavy_workloads_get_fewer_simulations_within_the_time_target(n, stages, length, m):
     # 40 nodes, L = 7, 8 microbatches per data node: 5,600 simulations took 12.1 s (target 10 s)
     problem = _problem(n, stages, length, m)
-    budget = schedule.default_budget(problem)
-    assert budget < 4000 + 40 * min(n, 100)
-    assert budget * _ops(problem) * schedule.SIM_OP_S <= schedule.PLANNING_SHARE * schedule.planning_target_s(n) + 1e-9
+    simulations = budget.default_budget(problem)
+    assert simulations < 4000 + 40 * min(n, 100)
+    assert simulations * _ops(problem) * budget.SIM_OP_S <= budget.PLANNING_SHARE * budget.planning_target_s(n) + 1e-9
 
 
 def test_the_planning_target_runs_from_10_s_to_30_s():
-    assert [schedule.planning_target_s(n) for n in (12, 40, 70, 100, 200)] == [10.0, 10.0, 20.0, 30.0, 30.0]
+    assert [budget.planning_target_s(n) for n in (12, 40, 70, 100, 200)] == [10.0, 10.0, 20.0, 30.0, 30.0]

@@ -43,6 +43,12 @@ adds candidates built for the timeline:
    before the path search can trade the chains for paths that look better first come, first
    served and end worse once ordered; their paths are not searched.
 
+Under the default budget (no budget or time limit given, the allocation not fixed) candidates
+1-8 are also built on the allocations of the next seeds, as many as the planning-time estimate
+leaves room for (``budget.allocation_starts``: up to four on small clusters with light
+workloads, one from 30 nodes), and the search goes on from the seed whose quickest candidate is
+quickest (the user's seed on a tie). The safety net and the fallbacks keep the user's seed.
+
 Every candidate is scored by the simulator (``route_eval``, component by component) and
 improved by local search on the critical data node (``route_search``: exchanges of nodes
 between microbatches, stage reorders, path swaps, injection order; then iterated local search
@@ -60,12 +66,14 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from skippipe.errors import UserError
 from skippipe.planfile import Microbatch, Plan
 from skippipe.planner.problem import Problem
 from skippipe.planner.routing.assign import assign_static, round_of
 from skippipe.planner.routing.balanced import balanced_candidate
+from skippipe.planner.routing.budget import allocation_starts, default_budget
 from skippipe.planner.routing.candidates import (
     GROUPS,
     PRIVATE_CHAINS,
@@ -211,35 +219,6 @@ def build_plan(
 # the order search of a timetable routing that leads after phase 1: its share of the rest of
 # the budget (phase 2 of the other candidates gets the remainder)
 TIMED_ORDERS = 0.4
-# above this many nodes the default budget shrinks with the square of the size
-BUDGET_FULL_NODES = 200
-# up to BUDGET_FULL_NODES the budget also keeps simulations x operations of one iteration within
-# PLANNING_SHARE of the planning-time target (10 s up to 40 nodes, 30 s at 100): heavy workloads
-# (long paths, many microbatches) simulate longer. SIM_OP_S is the planning CPU time per
-# simulation and operation of one iteration, measured on the 2-core machine: 2.4-2.7 us on the
-# 100-node suite clusters, 3.0 us on the 40-node one, 2.4-4.6 us on generated 30-40-node ones
-SIM_OP_S = 3.0e-6
-PLANNING_SHARE = 0.9
-
-
-def planning_target_s(n: int) -> float:
-    """The planning-time target of the default budget: 10 s up to 40 nodes, 30 s from 100."""
-    return 10.0 + 20.0 * min(1.0, max(0, n - 40) / 60)
-
-
-def default_budget(problem: Problem) -> int:
-    """Simulations the search may run when no other budget is given: 4,800 at 20 nodes, 8,000
-    from 100 to 200 nodes; above that 8,000 x (200 / N)^2 (320 at 1,000 nodes), because a
-    simulation of the critical component grows with the cluster (on an uneven 1,000-node
-    cluster the components span hundreds of nodes) and planning must stay within a minute.
-    Up to 200 nodes, fewer where one iteration has many operations (``SIM_OP_S``): a
-    40-node cluster with L = 7 and 8 microbatches per data node took 12.1 s with 5,600."""
-    full = int(4000 + 40 * min(problem.n, 100))
-    if problem.n <= BUDGET_FULL_NODES:
-        w = problem.workload
-        ops = int(problem.stage_sizes[0]) * w.microbatches_per_data_node * (2 * w.path_length + 1)
-        return max(500, min(full, int(PLANNING_SHARE * planning_target_s(problem.n) / (SIM_OP_S * ops))))
-    return max(100, int(full * (BUDGET_FULL_NODES / problem.n) ** 2))
 
 
 # ----------------------------------------------------------------------------- methods
@@ -259,14 +238,91 @@ def plan_skippipe(
 ) -> Plan:
     """Collision-aware paths and processing orders (method ``skippipe``).
 
-    ``fallbacks(stages)``, given the allocation the search started from, returns simulated
+    ``fallbacks(stages)``, given the allocation of ``seed``, returns simulated
     plans of other methods (a safety net): one that is quicker is returned instead, relabelled
     ``skippipe`` with its origin in ``meta.candidate``.
     """
     deadline = _deadline(time_limit_s)
-    limits = SearchLimits(budget=budget if budget is not None else default_budget(problem), deadline=deadline)
-    m = problem.workload.microbatches_per_data_node
+    default = budget is None and deadline is None and problem.fixed_stages is None
+    budget = budget if budget is not None else default_budget(problem)
+    first = _start(problem, seed, budget, deadline, time_limit_s)
+    start = first
+    # under the default budget, the starts of the next allocation seeds too, where they fit: the
+    # search goes on from the one whose best start is quickest
+    for k in range(1, allocation_starts(problem, budget) if default else 1):
+        other = _start(problem, seed + k, budget, None, None)
+        if other.lead < start.lead - 1e-9:
+            start = other
+    cands, evaluators, limits = start.cands, start.evaluators, start.limits
+    searchable = sorted((c for c in cands if not c.timed), key=lambda c: c.score.key())
+    lead = searchable[0].score.makespan
 
+    # phase 1: each promising candidate (within 10 % of the best) descends on its paths with
+    # an equal share of 40 % of the budget; phase 2: the best one goes on with iterated local
+    # search on its paths (half of the rest) and then on its processing orders
+    # (a timetable's paths go with its orders: they are not searched, its orders are below)
+    promising = [c for c in searchable if c.score.makespan <= PROMISING * lead] if math.isfinite(lead) else searchable[:1]
+    # the balanced routing and the data-node exchanges take a share of the search only when best
+    promising = [c for c in promising if not c.searched_only_if_best or c is searchable[0]]
+    searches = {}
+    phase1 = _portion(limits, deadline, 0.4)
+    for k, cand in enumerate(promising):
+        share = _portion(phase1, phase1.deadline, 1.0 / (len(promising) - k))
+        search = _search(problem, cand, evaluators[id(cand.stages)], start.seed, share)
+        searches[id(cand)] = search
+        cand.routes, cand.score = search.improve_paths(cand.routes, cand.score, kicks=0)
+        phase1.spent += share.spent
+    limits.spent += phase1.spent
+    timed = min((c for c in cands if c.timed), key=lambda c: c.score.key(), default=None)
+    if timed is not None and timed.score < min(c.score for c in promising):
+        # the timetable leads: its processing orders get a share of the rest of the budget
+        search = _search(problem, timed, evaluators[id(timed.stages)], start.seed,
+                         _portion(limits, deadline, TIMED_ORDERS))
+        timed.orders, timed.score = improve_orders(search, timed.routes, timed.score, timed.orders)
+        limits.spent += search.limits.spent
+    lead_cand = min(promising, key=lambda c: c.score.key())
+    search = searches[id(lead_cand)]
+    search.limits = _portion(limits, deadline, 0.5)
+    lead_cand.routes, lead_cand.score = search.improve_paths(lead_cand.routes, lead_cand.score)
+    limits.spent += search.limits.spent
+    search.limits = _portion(limits, deadline, 1.0)
+    lead_cand.orders, lead_cand.score = improve_orders(search, lead_cand.routes, lead_cand.score)
+    limits.spent += search.limits.spent
+    best = min(cands, key=lambda c: c.score.key())
+    meta = {"candidate": best.name, "simulations": limits.spent, "allocation_seed": start.seed}
+    plan = build_plan(problem, best.stages, best.routes, "skippipe", seed, best.orders, meta)
+    # safety net: the plan file must not be worse than the no-tc2 routing it started from (that
+    # of the user's seed, which ``plan_no_tc2`` gives, and that of the start searched)
+    for base in {id(c): c for c in (by_name(first.cands, "no-tc2"), by_name(cands, "no-tc2")) if c is not None}.values():
+        if base is not best:
+            ref = build_plan(problem, base.stages, base.routes, "skippipe", seed, base.orders, meta)
+            if ref.predicted_makespan_s < plan.predicted_makespan_s:
+                plan = ref
+    return quickest(plan, fallbacks(first.stages) if fallbacks is not None else [])
+
+
+@dataclass
+class _Start:
+    """The candidate routings of one allocation seed, before the path search (``_start``)."""
+
+    seed: int
+    stages: list[list[int]]  # the allocation searched from (given to the fallbacks)
+    cands: list[Candidate]
+    evaluators: dict[int, Evaluator]  # by id of a candidate's stages
+    limits: SearchLimits  # the budget, with what the starts charged to it spent
+
+    @property
+    def lead(self) -> float:
+        """The quickest candidate's makespan."""
+        return min(c.score.makespan for c in self.cands)
+
+
+def _start(
+    problem: Problem, seed: int, budget: int, deadline: float | None, time_limit_s: float | None
+) -> _Start:
+    """Candidates 1-8 of the module text on the allocation of ``seed`` (and its joint allocation)."""
+    limits = SearchLimits(budget=budget, deadline=deadline)
+    m = problem.workload.microbatches_per_data_node
     stages = _allocation(problem, seed, None if deadline is None else 0.25 * float(time_limit_s))
     seqs = stage_orders(problem, stages)
     caps = problem.load_caps(stages)
@@ -301,52 +357,11 @@ def plan_skippipe(
         evaluators[id(slow[0].stages)] = slow[1]
         cands.append(slow[0])
     cands += timetable_candidates(problem, cands, seed, evaluators, limits)
-    # the starts whose paths are searched, and the best of them first come, first served
     searchable = sorted((c for c in cands if not c.timed), key=lambda c: c.score.key())
     lead = searchable[0].score.makespan
     cands += ordered_chains(cands, lambda c, lim: _search(problem, c, evaluators[id(c.stages)], seed, lim), lead,
                             deadline)
-
-    # phase 1: each promising candidate (within 10 % of the best) descends on its paths with
-    # an equal share of 40 % of the budget; phase 2: the best one goes on with iterated local
-    # search on its paths (half of the rest) and then on its processing orders
-    # (a timetable's paths go with its orders: they are not searched, its orders are below)
-    promising = [c for c in searchable if c.score.makespan <= PROMISING * lead] if math.isfinite(lead) else searchable[:1]
-    # the balanced routing and the data-node exchanges take a share of the search only when best
-    promising = [c for c in promising if not c.searched_only_if_best or c is searchable[0]]
-    searches = {}
-    phase1 = _portion(limits, deadline, 0.4)
-    for k, cand in enumerate(promising):
-        share = _portion(phase1, phase1.deadline, 1.0 / (len(promising) - k))
-        search = _search(problem, cand, evaluators[id(cand.stages)], seed, share)
-        searches[id(cand)] = search
-        cand.routes, cand.score = search.improve_paths(cand.routes, cand.score, kicks=0)
-        phase1.spent += share.spent
-    limits.spent += phase1.spent
-    timed = min((c for c in cands if c.timed), key=lambda c: c.score.key(), default=None)
-    if timed is not None and timed.score < min(c.score for c in promising):
-        # the timetable leads: its processing orders get a share of the rest of the budget
-        search = _search(problem, timed, evaluators[id(timed.stages)], seed, _portion(limits, deadline, TIMED_ORDERS))
-        timed.orders, timed.score = improve_orders(search, timed.routes, timed.score, timed.orders)
-        limits.spent += search.limits.spent
-    lead_cand = min(promising, key=lambda c: c.score.key())
-    search = searches[id(lead_cand)]
-    search.limits = _portion(limits, deadline, 0.5)
-    lead_cand.routes, lead_cand.score = search.improve_paths(lead_cand.routes, lead_cand.score)
-    limits.spent += search.limits.spent
-    search.limits = _portion(limits, deadline, 1.0)
-    lead_cand.orders, lead_cand.score = improve_orders(search, lead_cand.routes, lead_cand.score)
-    limits.spent += search.limits.spent
-    best = min(cands, key=lambda c: c.score.key())
-    base = by_name(cands, "no-tc2")
-    meta = {"candidate": best.name, "simulations": limits.spent}
-    plan = build_plan(problem, best.stages, best.routes, "skippipe", seed, best.orders, meta)
-    if base is not None and base is not best:
-        # safety net: the plan file must not be worse than the no-tc2 routing it started from
-        ref = build_plan(problem, base.stages, base.routes, "skippipe", seed, base.orders, meta)
-        if ref.predicted_makespan_s < plan.predicted_makespan_s:
-            plan = ref
-    return quickest(plan, fallbacks(stages) if fallbacks is not None else [])
+    return _Start(seed, stages, cands, evaluators, limits)
 
 
 def _search(problem: Problem, cand: Candidate, ev: Evaluator, seed: int, limits: SearchLimits) -> RouteSearch:
