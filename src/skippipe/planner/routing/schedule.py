@@ -306,7 +306,7 @@ class _Start:
     """The candidate routings of one allocation seed, before the path search (``_start``)."""
 
     seed: int
-    stages: list[list[int]]  # the allocation searched from (given to the fallbacks)
+    stages: list[list[int]]  # the allocation of its seed (the user's seed's goes to the fallbacks)
     cands: list[Candidate]
     evaluators: dict[int, Evaluator]  # by id of a candidate's stages
     limits: SearchLimits  # the budget, with what the starts charged to it spent
