@@ -40,7 +40,7 @@ def test_the_search_goes_on_from_the_quickest_start():
     problem = _problem(12)
     plan = make_plan("skippipe", problem, seed=0)
     sims = budget.default_budget(problem)
-    leads = [schedule._start(problem, k, sims, None, None).lead for k in range(budget.allocation_starts(problem, sims))]
+    leads = [schedule._start(problem, k, sims, None, None).quickest for k in range(budget.allocation_starts(problem, sims))]
     quickest = min(range(len(leads)), key=lambda k: (leads[k], k))
     assert plan.meta["allocation_seed"] == quickest
     assert plan.seed == 0

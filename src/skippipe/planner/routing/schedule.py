@@ -251,10 +251,10 @@ def plan_skippipe(
     # search goes on from the one whose best start is quickest
     for k in range(1, allocation_starts(problem, budget) if default else 1):
         other = _start(problem, seed + k, budget, None, None)
-        if other.lead < start.lead - 1e-9:
+        if other.quickest < start.quickest - 1e-9:
             start = other
     cands, evaluators, limits = start.cands, start.evaluators, start.limits
-    searchable = sorted((c for c in cands if not c.timed), key=lambda c: c.score.key())
+    searchable = _searchable(cands)
     lead = searchable[0].score.makespan
 
     # phase 1: each promising candidate (within 10 % of the best) descends on its paths with
@@ -293,8 +293,9 @@ def plan_skippipe(
     plan = build_plan(problem, best.stages, best.routes, "skippipe", seed, best.orders, meta)
     # safety net: the plan file must not be worse than the no-tc2 routing it started from (that
     # of the user's seed, which ``plan_no_tc2`` gives, and that of the start searched)
-    for base in {id(c): c for c in (by_name(first.cands, "no-tc2"), by_name(cands, "no-tc2")) if c is not None}.values():
-        if base is not best:
+    bases = [by_name(first.cands, "no-tc2")] + ([by_name(cands, "no-tc2")] if start is not first else [])
+    for base in bases:
+        if base is not None and base is not best:
             ref = build_plan(problem, base.stages, base.routes, "skippipe", seed, base.orders, meta)
             if ref.predicted_makespan_s < plan.predicted_makespan_s:
                 plan = ref
@@ -312,8 +313,8 @@ class _Start:
     limits: SearchLimits  # the budget, with what the starts charged to it spent
 
     @property
-    def lead(self) -> float:
-        """The quickest candidate's makespan."""
+    def quickest(self) -> float:
+        """The quickest candidate's makespan (timed candidates too)."""
         return min(c.score.makespan for c in self.cands)
 
 
@@ -357,11 +358,15 @@ def _start(
         evaluators[id(slow[0].stages)] = slow[1]
         cands.append(slow[0])
     cands += timetable_candidates(problem, cands, seed, evaluators, limits)
-    searchable = sorted((c for c in cands if not c.timed), key=lambda c: c.score.key())
-    lead = searchable[0].score.makespan
+    lead = _searchable(cands)[0].score.makespan
     cands += ordered_chains(cands, lambda c, lim: _search(problem, c, evaluators[id(c.stages)], seed, lim), lead,
                             deadline)
     return _Start(seed, stages, cands, evaluators, limits)
+
+
+def _searchable(cands: list[Candidate]) -> list[Candidate]:
+    """The candidates whose paths are searched (not timed), best first come, first served first."""
+    return sorted((c for c in cands if not c.timed), key=lambda c: c.score.key())
 
 
 def _search(problem: Problem, cand: Candidate, ev: Evaluator, seed: int, limits: SearchLimits) -> RouteSearch:
