@@ -46,7 +46,7 @@ def _pool(n: int, stages_n: int, length: int) -> tuple[list[list[int]], list[lis
     free[pair + stages[0]] = False
     seqs = (tuple(range(1, length)),)
     gc = groups.GroupCosts.from_problem(problem)
-    return stages, groups._pair_pool(gc, stages, seqs, pair, stages[0][0], free, 3), pair
+    return stages, groups._pair_pool(stages, seqs, pair, groups._spares(gc, stages, stages[0][0], free), 3), pair
 
 
 def test_pair_pool_shrinks_the_spares_on_long_paths_only():

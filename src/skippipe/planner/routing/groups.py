@@ -126,19 +126,23 @@ def private_chains(
     return chains or None
 
 
-def _pair_pool(
-    gc: GroupCosts, stages: list[list[int]], seqs: tuple[tuple[int, ...], ...], pair: list[int], worst: int,
-    free: np.ndarray, per_stage: int,
-) -> list[list[int]]:
-    """Per stage, the pool of ``_improve_pairs``: the two chains' nodes plus the ``per_stage``
-    free nodes nearest the data node ``worst``, fewer where the chains through the pool would
-    number more than ``POOL_CHAINS`` (long paths: 5 nodes a stage over 8 stages are 390,625
-    chains per stage order)."""
+def _spares(gc: GroupCosts, stages: list[list[int]], worst: int, free: np.ndarray) -> list[list[int]]:
+    """Per stage 1..S-1, its free nodes nearest the data node ``worst`` first (``_pair_pool``)."""
     spares = []
     for s in stages[1:]:
         spare = [int(x) for x in s if free[x]]
         spare.sort(key=lambda x: (gc.rc.edge[worst, x] + gc.rc.node[x], x))
         spares.append(spare)
+    return spares
+
+
+def _pair_pool(
+    stages: list[list[int]], seqs: tuple[tuple[int, ...], ...], pair: list[int], spares: list[list[int]], per_stage: int,
+) -> list[list[int]]:
+    """Per stage, the pool of ``_improve_pairs``: the two chains' nodes plus the ``per_stage``
+    first ``spares`` (``_spares``: the free nodes nearest the latest data node), fewer where the
+    chains through the pool would number more than ``POOL_CHAINS`` (long paths: 5 nodes a stage
+    over 8 stages are 390,625 chains per stage order)."""
     k = per_stage
     while True:
         pool = set(pair).union(*(spare[:k] for spare in spares))
@@ -168,8 +172,9 @@ def _improve_pairs(
             near[worst] = [x for seq in seqs for x in cheapest_chain(gc.rc, worst, [arrays[s] for s in seq])[1]]
         wanted = {owner[x] for x in near[worst] if x in owner and owner[x] != worst}
         improved = False
+        spares = _spares(gc, stages, worst, free)  # free changes only when a pair improves
         for e in sorted(wanted, key=lambda e: (est[e], e)):
-            by_stage = _pair_pool(gc, stages, seqs, chains[worst] + chains[e], worst, free, per_stage)
+            by_stage = _pair_pool(stages, seqs, chains[worst] + chains[e], spares, per_stage)
             pool = {x for s in by_stage for x in s}
             current = (max(est[worst], est[e]), est[worst] + est[e])
             best = None
