@@ -17,8 +17,9 @@ Where the sets and paths are few (``ROUTED_SETS``, ``routed_floor.MAX_PATHS``), 
 the least floors are raised by routing their visits under the TC1 caps
 (``routed_floor.routed_set_floor``), up to ``ROUTED_SOLVES`` integer programmes (``ROUTED_WORK``
 variables in all).
-When the paths are too many to enumerate the round trips are bounded from below instead
-(``relaxed_floors.relaxed_round_trips``), when the sets are too many the set-free floor is
+When the paths are too many to enumerate the fastest round trips are solved exactly instead
+(``cycle_trips``: up to 4 other nodes, up to 130-215 nodes), or, beyond that, bounded from
+below (``relaxed_floors.relaxed_round_trips``); when the sets are too many the set-free floor is
 used (the stage-0 size-th smallest data-node floor), and the result is never below the
 capacity floor (``relaxed_floors.capacity_floor``: the visits must fit on the other nodes),
 so the floor scales to 1,000 nodes.
@@ -43,6 +44,7 @@ from skippipe.cluster import Cluster
 from skippipe.costs import CostModel
 from skippipe.errors import UserError
 from skippipe.planfile import Plan
+from skippipe.planner.cycle_trips import exact_trip_terms, solvable
 from skippipe.planner.problem import Problem, build_problem
 from skippipe.planner.relaxed_floors import capacity_floor, relaxed_lags, relaxed_round_trips, round_trip_terms
 from skippipe.planner.routed_floor import MAX_PATHS, path_count, routed_set_floor
@@ -70,8 +72,9 @@ class FreeFloor:
     value: float  # no plan on any allocation finishes sooner
     data_nodes: tuple[int, ...]  # a data-node set attaining it
     exhaustive: bool  # every data-node set was tried (else: the weaker, set-free floor)
-    exact_trips: bool = True  # round trips enumerated (else: relaxed lower bounds)
+    exact_trips: bool = True  # round trips enumerated (else: solved_trips or relaxed lower bounds)
     capacity_s: float = 0.0  # the capacity floor (already counted in value)
+    solved_trips: bool = False  # not enumerated, but the fastest ones solved exactly (``cycle_trips``)
 
 
 def _round_trips(problem: Problem) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -157,7 +160,8 @@ def free_allocation_floor(problem: Problem, max_sets: int = 200_000, max_tuples:
         _set_free(problem, tf, out, back)
         order = np.argsort(tf, kind="stable")
         cap = capacity_floor(problem, tf)
-        return FreeFloor(max(cap, float(tf[order[D - 1]])), tuple(int(x) for x in order[:D]), False, exact, cap)
+        return FreeFloor(max(cap, float(tf[order[D - 1]])), tuple(int(x) for x in order[:D]), False, exact, cap,
+                         solved_trips=not exact and solvable(problem))
     sets = set_floors(problem, exact)
     cap = capacity_floor(problem, sets.tf)
     if 0 < path_count(problem) <= MAX_PATHS and math.comb(n, D) <= ROUTED_SETS:
@@ -172,7 +176,8 @@ def free_allocation_floor(problem: Problem, max_sets: int = 200_000, max_tuples:
                 best = (val, data)
             if best[0] <= cap:
                 break  # the capacity floor decides
-    return FreeFloor(max(cap, best[0]), tuple(int(x) for x in best[1]), True, exact, cap)
+    return FreeFloor(max(cap, best[0]), tuple(int(x) for x in best[1]), True, exact, cap,
+                     solved_trips=not exact and solvable(problem))
 
 
 def set_floors(problem: Problem, exact: bool = True) -> SetFloor:
@@ -193,6 +198,10 @@ def _trip_floors(
         r0, ra, out, back, set_trips = _enumerated_trips(problem, keep)
     else:
         (r0, ra), (out, back) = relaxed_round_trips(problem), relaxed_lags(problem)
+        solved = exact_trip_terms(problem)  # up to 4 hops, 130-215 nodes
+        if solved is not None:
+            r0, out, back = solved
+            ra = np.maximum(ra, r0[:, None])  # a round trip through x is a round trip
     tf = np.array([closed_floor(problem, d, float(r0[d])) for d in range(problem.n)])
     return tf, r0, ra, out, back, set_trips
 

@@ -1,0 +1,113 @@
+"""The fastest round trips over every allocation, solved without enumerating paths.
+
+A round trip of a data node d through L-1 = h other nodes, in any order, is a cycle
+``d -> x1 -> ... -> xh -> d`` of distinct nodes. ``cheapest_cycles`` finds the least
+``edge[d, x1] + w[x1] + edge[x1, x2] + ... + w[xh] + edge[xh, d]`` for every d, exactly, for
+h <= 4, in O(N^3) for all data nodes together (enumeration is O(N^(h+1))):
+
+- h = 1, 2: directly over x1 (and x2);
+- h = 3: for every pair (x1, x3) the few best middles x2 are kept; x2 must still avoid d, so
+  the best of the two best middles that is not d is the one to take;
+- h = 4: ``d -> a -> b -> c -> e -> d``; for (a, c) the three best b, for (c, e) given d the
+  three best e; b must avoid d and e, e must avoid a and b. Of four better middles at most two
+  are excluded, so the best valid pair is among the three best of each (checked against
+  enumeration by the tests).
+
+``exact_trip_terms`` uses it for R0 (the fastest round trip, with the data node's own work and
+gaps) and the least time out and back that ``floors._round_trips`` enumerates on small clusters;
+the relaxed bounds of ``relaxed_floors`` stay where h > 4 or the work, about N^3 (9 N^3 for
+h = 4), is above ``CYCLE_WORK``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from skippipe.planner.problem import Problem
+from skippipe.planner.relaxed_floors import round_trip_terms
+
+MAX_HOPS = 4  # the longest round trips solved exactly (L - 1 other nodes)
+CYCLE_WORK = 20_000_000  # N^3 (9 N^3 with 4 hops) at most: h = 3 up to 215 nodes, h = 4 up to 130
+
+
+def _best_middles(edge: np.ndarray, w: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """For every pair (a, c): the k least ``edge[a, b] + w[b] + edge[b, c]`` (b not a, not c;
+    ``edge`` has inf on its diagonal), ascending, and those b."""
+    n = len(w)
+    k = min(k, n)
+    vals = np.full((n, n, k), math.inf)
+    args = np.zeros((n, n, k), dtype=int)
+    for a in range(n):
+        x = edge[a][:, None] + w[:, None] + edge  # [b, c]
+        idx = np.argpartition(x, k - 1, axis=0)[:k] if n > k else np.argsort(x, axis=0)[:k]
+        v = np.take_along_axis(x, idx, axis=0)
+        order = np.argsort(v, axis=0, kind="stable")
+        vals[a] = np.take_along_axis(v, order, axis=0).T
+        args[a] = np.take_along_axis(idx, order, axis=0).T
+    return vals, args
+
+
+def cheapest_cycles(edge: np.ndarray, w: np.ndarray, hops: int) -> np.ndarray:
+    """Per d: the least cycle through d and ``hops`` distinct other nodes (see the module text).
+    ``edge`` is directed (row: from); its diagonal is ignored. inf where no such cycle exists."""
+    n = len(w)
+    edge = np.asarray(edge, dtype=float).copy()
+    np.fill_diagonal(edge, math.inf)
+    w = np.asarray(w, dtype=float)
+    if not 1 <= hops <= MAX_HOPS:
+        raise ValueError(f"cheapest_cycles solves 1..{MAX_HOPS} hops, not {hops}")
+    out = np.full(n, math.inf)
+    if hops >= n:
+        return out
+    if hops == 1:
+        return (edge + w[None, :] + edge.T).min(axis=1)
+    if hops >= 3:
+        mid, mid_at = _best_middles(edge, w, 3 if hops == 4 else 2)
+    for d in range(n):
+        head = edge[d] + w  # d -> x1, and x1's work
+        if hops == 2:
+            total = head[:, None] + edge + w[None, :] + edge[:, d][None, :]
+        elif hops == 3:
+            m = np.where(mid_at == d, math.inf, mid).min(axis=2)
+            total = head[:, None] + m + w[None, :] + edge[:, d][None, :]
+        else:
+            tail = edge + w[None, :] + edge[:, d][None, :]  # [c, e]: c -> e -> d
+            tail[:, d] = math.inf
+            k = min(3, n)
+            e_at = np.argpartition(tail, k - 1, axis=1)[:, :k] if n > k else np.argsort(tail, axis=1)[:, :k]
+            e_val = np.take_along_axis(tail, e_at, axis=1)  # [c, k]
+            a_idx = np.arange(n)[:, None, None, None]
+            b = mid_at[:, :, :, None]  # [a, c, kb, 1]
+            e = e_at[None, :, None, :]  # [1, c, 1, ke]
+            ok = (b != d) & (b != e) & (e != a_idx)
+            pair = np.where(ok, mid[:, :, :, None] + e_val[None, :, None, :], math.inf)
+            total = head[:, None] + pair.min(axis=(2, 3)) + w[None, :]
+        np.fill_diagonal(total, math.inf)
+        total[d, :] = math.inf
+        total[:, d] = math.inf
+        out[d] = total.min()
+    return out
+
+
+def solvable(problem: Problem) -> bool:
+    """Whether ``exact_trip_terms`` solves this problem: paths through at most ``MAX_HOPS``
+    other nodes, and the work within ``CYCLE_WORK``."""
+    hops = problem.workload.path_length - 1
+    return 1 <= hops <= MAX_HOPS and problem.n**3 * (9 if hops == 4 else 1) <= CYCLE_WORK
+
+
+def exact_trip_terms(problem: Problem) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """(R0, time out, time back) as ``floors._round_trips`` enumerates them, solved by
+    ``cheapest_cycles``; None where the problem is not ``solvable``."""
+    if not solvable(problem):
+        return None
+    hops = problem.workload.path_length - 1
+    edge, visit, own, gaps = round_trip_terms(problem)
+    t = np.asarray(problem.transfer_s, dtype=float)
+    f = np.asarray(problem.forward_s, dtype=float)
+    r0 = own + np.maximum(cheapest_cycles(edge, visit, hops), gaps)
+    out = cheapest_cycles(t, f, hops)
+    back = cheapest_cycles(t, f * problem.cost_model.backward_factor, hops)
+    return r0, out, back
