@@ -19,7 +19,8 @@ the least floors are raised by routing their visits under the TC1 caps
 variables in all).
 When the paths are too many to enumerate the fastest round trips are solved exactly instead
 (``cycle_trips``: up to 4 other nodes, up to 130-215 nodes), or, beyond that, bounded from
-below (``relaxed_floors.relaxed_round_trips``); when the sets are too many the set-free floor is
+below (``cycle_trips.window_walks`` up to a few hundred nodes, and
+``relaxed_floors.relaxed_round_trips``); when the sets are too many the set-free floor is
 used (the stage-0 size-th smallest data-node floor), and the result is never below the
 capacity floor (``relaxed_floors.capacity_floor``: the visits must fit on the other nodes),
 so the floor scales to 1,000 nodes.
@@ -44,7 +45,7 @@ from skippipe.cluster import Cluster
 from skippipe.costs import CostModel
 from skippipe.errors import UserError
 from skippipe.planfile import Plan
-from skippipe.planner.cycle_trips import exact_trip_terms, solvable
+from skippipe.planner.cycle_trips import solvable, trip_terms
 from skippipe.planner.problem import Problem, build_problem
 from skippipe.planner.relaxed_floors import capacity_floor, relaxed_lags, relaxed_round_trips, round_trip_terms
 from skippipe.planner.routed_floor import MAX_PATHS, path_count, routed_set_floor
@@ -198,9 +199,9 @@ def _trip_floors(
         r0, ra, out, back, set_trips = _enumerated_trips(problem, keep)
     else:
         (r0, ra), (out, back) = relaxed_round_trips(problem), relaxed_lags(problem)
-        solved = exact_trip_terms(problem)  # up to 4 hops, 130-215 nodes
+        solved = trip_terms(problem)  # exact up to 4 hops and 130-215 nodes, a sharper bound beyond
         if solved is not None:
-            r0, out, back = solved
+            r0, out, back = (np.maximum(a, b) for a, b in zip((r0, out, back), solved))
             ra = np.maximum(ra, r0[:, None])  # a round trip through x is a round trip
     tf = np.array([closed_floor(problem, d, float(r0[d])) for d in range(problem.n)])
     return tf, r0, ra, out, back, set_trips
