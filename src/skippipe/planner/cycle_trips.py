@@ -5,9 +5,8 @@ A round trip of a data node d through L-1 = h other nodes, in any order, is a cy
 ``edge[d, x1] + w[x1] + edge[x1, x2] + ... + w[xh] + edge[xh, d]`` for every d, exactly, for
 h <= 4, in O(N^3) for all data nodes together (enumeration is O(N^(h+1))):
 
-- h = 1, 2: directly over x1 (and x2);
-- h = 3: for every pair (x1, x3) the few best middles x2 are kept; x2 must still avoid d, so
-  the best of the two best middles that is not d is the one to take;
+- h <= 3: ``window_walks`` below, whose walks repeat no node within two steps, which for three
+  other nodes or fewer makes them cycles;
 - h = 4: ``d -> a -> b -> c -> e -> d``; for (a, c) the three best b, for (c, e) given d the
   three best e; b must avoid d and e, e must avoid a and b. Of four better middles at most two
   are excluded, so the best valid pair is among the three best of each (checked against
@@ -58,38 +57,30 @@ def _best_middles(edge: np.ndarray, w: np.ndarray, k: int) -> tuple[np.ndarray, 
 def cheapest_cycles(edge: np.ndarray, w: np.ndarray, hops: int) -> np.ndarray:
     """Per d: the least cycle through d and ``hops`` distinct other nodes (see the module text).
     ``edge`` is directed (row: from); its diagonal is ignored. inf where no such cycle exists."""
+    if not 1 <= hops <= MAX_HOPS:
+        raise ValueError(f"cheapest_cycles solves 1..{MAX_HOPS} hops, not {hops}")
+    if hops <= 3:
+        return window_walks(edge, w, hops)  # three in a row distinct: the walk is the cycle
     n = len(w)
     edge = np.asarray(edge, dtype=float).copy()
     np.fill_diagonal(edge, math.inf)
     w = np.asarray(w, dtype=float)
-    if not 1 <= hops <= MAX_HOPS:
-        raise ValueError(f"cheapest_cycles solves 1..{MAX_HOPS} hops, not {hops}")
     out = np.full(n, math.inf)
     if hops >= n:
         return out
-    if hops == 1:
-        return (edge + w[None, :] + edge.T).min(axis=1)
-    if hops >= 3:
-        mid, mid_at = _best_middles(edge, w, 3 if hops == 4 else 2)
+    mid, mid_at = _best_middles(edge, w, 3)
+    a_idx = np.arange(n)[:, None, None, None]
+    b = mid_at[:, :, :, None]  # [a, c, kb, 1]
+    k = min(3, n)
     for d in range(n):
-        head = edge[d] + w  # d -> x1, and x1's work
-        if hops == 2:
-            total = head[:, None] + edge + w[None, :] + edge[:, d][None, :]
-        elif hops == 3:
-            m = np.where(mid_at == d, math.inf, mid).min(axis=2)
-            total = head[:, None] + m + w[None, :] + edge[:, d][None, :]
-        else:
-            tail = edge + w[None, :] + edge[:, d][None, :]  # [c, e]: c -> e -> d
-            tail[:, d] = math.inf
-            k = min(3, n)
-            e_at = np.argpartition(tail, k - 1, axis=1)[:, :k] if n > k else np.argsort(tail, axis=1)[:, :k]
-            e_val = np.take_along_axis(tail, e_at, axis=1)  # [c, k]
-            a_idx = np.arange(n)[:, None, None, None]
-            b = mid_at[:, :, :, None]  # [a, c, kb, 1]
-            e = e_at[None, :, None, :]  # [1, c, 1, ke]
-            ok = (b != d) & (b != e) & (e != a_idx)
-            pair = np.where(ok, mid[:, :, :, None] + e_val[None, :, None, :], math.inf)
-            total = head[:, None] + pair.min(axis=(2, 3)) + w[None, :]
+        tail = edge + w[None, :] + edge[:, d][None, :]  # [c, e]: c -> e -> d
+        tail[:, d] = math.inf
+        e_at = np.argpartition(tail, k - 1, axis=1)[:, :k] if n > k else np.argsort(tail, axis=1)[:, :k]
+        e_val = np.take_along_axis(tail, e_at, axis=1)  # [c, k]
+        e = e_at[None, :, None, :]  # [1, c, 1, ke]
+        ok = (b != d) & (b != e) & (e != a_idx)
+        pair = np.where(ok, mid[:, :, :, None] + e_val[None, :, None, :], math.inf)
+        total = (edge[d] + w)[:, None] + pair.min(axis=(2, 3)) + w[None, :]  # d -> a, then a's work
         np.fill_diagonal(total, math.inf)
         total[d, :] = math.inf
         total[:, d] = math.inf

@@ -156,13 +156,14 @@ def free_allocation_floor(problem: Problem, max_sets: int = 200_000, max_tuples:
     if D > n:
         raise UserError(f"free_allocation_floor: {D} data nodes but only {n} nodes")
     exact = n * math.perm(n - 1, max(0, hops)) <= max_tuples
+    solved = not exact and solvable(problem)  # the round trips solved instead (``cycle_trips``)
     if math.comb(n, D) > max_sets or hops <= 0:
         tf, _, _, out, back, _ = _trip_floors(problem, exact, keep=False)
         _set_free(problem, tf, out, back)
         order = np.argsort(tf, kind="stable")
         cap = capacity_floor(problem, tf)
         return FreeFloor(max(cap, float(tf[order[D - 1]])), tuple(int(x) for x in order[:D]), False, exact, cap,
-                         solved_trips=not exact and solvable(problem))
+                         solved_trips=solved)
     sets = set_floors(problem, exact)
     cap = capacity_floor(problem, sets.tf)
     if 0 < path_count(problem) <= MAX_PATHS and math.comb(n, D) <= ROUTED_SETS:
@@ -177,8 +178,7 @@ def free_allocation_floor(problem: Problem, max_sets: int = 200_000, max_tuples:
                 best = (val, data)
             if best[0] <= cap:
                 break  # the capacity floor decides
-    return FreeFloor(max(cap, best[0]), tuple(int(x) for x in best[1]), True, exact, cap,
-                     solved_trips=not exact and solvable(problem))
+    return FreeFloor(max(cap, best[0]), tuple(int(x) for x in best[1]), True, exact, cap, solved_trips=solved)
 
 
 def set_floors(problem: Problem, exact: bool = True) -> SetFloor:
