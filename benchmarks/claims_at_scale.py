@@ -11,6 +11,7 @@ JSON exists is not run again (the experiment can be stopped and started again).
     python3 benchmarks/claims_at_scale.py                       # the whole experiment (~2 h on 2 cores)
     python3 benchmarks/claims_at_scale.py --report-only         # tables and charts from the JSON files
     python3 benchmarks/claims_at_scale.py --steps 4 --seeds 0 --out /tmp/claims --ckpt-dir /tmp/claims  # smoke run
+    python3 benchmarks/claims_at_scale.py --device cuda --precision bf16 --workers 4 ...  # on one GPU
 
 Writes per run ``<out>/runs/<kind>-s<seed>.json`` (curves, final loss, omission sweep), then
 ``<out>/summary.json`` and ``<out>/convergence.png``, ``<out>/omission.png`` (``claims_report.py``).
@@ -52,6 +53,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--eval-samples", type=int, default=128, help="validation windows during training")
     ap.add_argument("--final-eval-samples", type=int, default=512, help="validation windows for final losses and omissions")
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--device", default="cpu", help="cpu, or cuda (the runs share the GPU)")
+    ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"], help="bf16: autocast, fp32 weights")
+    ap.add_argument("--n-heads", type=int, default=None, help="attention heads (default: the tiny preset's)")
     ap.add_argument("--cache-dir", default=None)
     ap.add_argument("--out", default="docs/claims", help="folder for the JSON results and the charts")
     ap.add_argument("--ckpt-dir", default="runs/claims", help="folder for the final checkpoints")
@@ -66,9 +70,11 @@ def specs(args: argparse.Namespace, out: Path) -> list[claims_runs.RunSpec]:
         "seq_len": args.seq_len, "samples_per_microbatch": args.samples, "steps": args.steps, "lr": args.lr,
         "min_lr": args.lr / 10, "warmup_steps": max(1, args.steps // 20), "eval_every": args.eval_every,
         "eval_batches": max(1, args.eval_samples // 16), "eval_batch_size": 16, "grad_divisor": "visits",
-        "cache_dir": args.cache_dir,
+        "cache_dir": args.cache_dir, "precision": args.precision,
     }
     model = {"d_model": args.d_model, "ffn_dim": args.ffn_dim, "ctx": args.seq_len}
+    if args.n_heads is not None:
+        model.update(n_heads=args.n_heads, n_kv_heads=args.n_heads)
     (out / "plans").mkdir(parents=True, exist_ok=True)
     out_specs = []
     for kind_name in args.kinds.split(","):
@@ -90,7 +96,7 @@ def specs(args: argparse.Namespace, out: Path) -> list[claims_runs.RunSpec]:
             out_specs.append(claims_runs.RunSpec(
                 kind=kind_name, seed=seed, out=str(out / "runs" / f"{kind_name}-s{seed}.json"), ckpt_dir=args.ckpt_dir,
                 plan_file=str(plan_file), seconds_per_iteration=sec, model=model, train=train,
-                final_eval_samples=args.final_eval_samples,
+                final_eval_samples=args.final_eval_samples, device=args.device,
             ))
     return sorted(out_specs, key=lambda s: s.seed)  # seed 0 of every configuration first
 

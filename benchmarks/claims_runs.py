@@ -110,6 +110,7 @@ class RunSpec:
     model: dict  # d_model, ffn_dim, ctx
     train: dict  # TrainConfig fields
     final_eval_samples: int
+    device: str = "cpu"
 
 
 def train_config(spec: RunSpec):
@@ -137,7 +138,7 @@ def run_one(spec: RunSpec) -> str:
     plan = small_model_plan(load_plan(spec.plan_file, validate=False))
     t0 = time.perf_counter()
     ex, hist = train_plan(plan, cfg, data, model_cfg, progress=True, keep_stage=kind.keep_stage, grouped=True,
-                          desc=f"{spec.kind} s{spec.seed}")
+                          desc=f"{spec.kind} s{spec.seed}", device=spec.device)
     train_s = time.perf_counter() - t0
     name = f"{spec.kind}-s{spec.seed}"
     save_checkpoint(Path(spec.ckpt_dir) / name, model_cfg, ex.state_dict(), ex.iteration, plan.layers,

@@ -60,3 +60,28 @@ def test_every_parameter_has_the_stage_of_its_layer():
     assert stages["embed_tokens.weight"] == stages["lm_head.weight"] == stages["norm.weight"] == 0
     assert {s for n, s in stages.items() if n.startswith("layers.3.")} == {1}
     assert {s for n, s in stages.items() if n.startswith("layers.5.")} == {2}
+
+
+def test_train_plan_refuses_a_device_without_the_grouped_executor():
+    from types import SimpleNamespace
+
+    from skippipe.train.loop import train_plan
+
+    plan = full_plan(num_stages=3, chains=2, m=3, n_layers=6, samples=2, d_model=32, ctx=SEQ)
+    data = SimpleNamespace(train=TOKENS, val=TOKENS[:200], vocab_size=64)
+    with pytest.raises(ValueError, match="grouped"):
+        train_plan(plan, TrainConfig(steps=1, samples_per_microbatch=2), data, CFG, progress=False, device="cuda")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_grouped_executor_on_cuda_matches_cpu():
+    plan = skip_plan([3, 2, 2], 2, 3, 6, seed=1, swap_fraction=0.5, samples=2, d_model=32, ctx=SEQ)
+    tc = TrainConfig(lr=3e-3, warmup_steps=1, steps=3, samples_per_microbatch=2)
+    batches = plan_batch_fn(plan, TOKENS, tc, SEQ)
+    cpu, gpu = GroupedExecutor(plan, CFG, tc, batches), GroupedExecutor(plan, CFG, tc, batches, device="cuda")
+    assert next(gpu.full_model().parameters()).is_cuda and gpu.optimizer.defaults["fused"] is True
+    for _ in range(3):
+        a, b = cpu.step(), gpu.step()
+        assert b.loss == pytest.approx(a.loss, rel=1e-4)
+    for k, v in cpu.state_dict().items():
+        torch.testing.assert_close(gpu.state_dict()[k], v, rtol=1e-3, atol=1e-4)

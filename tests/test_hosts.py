@@ -113,7 +113,7 @@ def test_a_worker_with_a_bad_host_file_stops_with_one_line(tmp_path):
     _write(tmp_path, GOOD.replace("[4, 5, 6]", "[4, 5]"))
     config = write_config(tmp_path, seven_node_plan(), runtime={"hosts": "hosts.toml"})
     env = {**os.environ, "RANK": "0", "WORLD_SIZE": "7", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1",
-           "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1] / "src"), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run([sys.executable, "-m", "skippipe.cli", "worker", str(config)], env=env, capture_output=True,
                           text=True, timeout=300)
     assert done.returncode != 0

@@ -56,17 +56,20 @@ def test_deterministic_default_follows_model_size_and_states_its_memory():
 
 
 def _both_send(rank: int, port: int, backend: str, q) -> None:  # type: ignore[no-untyped-def]
-    from skippipe.runtime.process_group import make_groups
+    from skippipe.runtime.process_group import gather_gpu_keys, make_groups
     from skippipe.runtime.transport import FORWARD, Message, Transport
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     torch.distributed.init_process_group("gloo", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=60))
-    device = torch.device(f"cuda:{rank}") if backend == "nccl" else torch.device("cpu")
-    if backend == "nccl":
+    device = torch.device("cpu")
+    if backend.startswith("nccl"):  # "nccl-shared": both ranks on cuda:0
+        device = torch.device(f"cuda:{rank if backend == 'nccl' else 0}")
         torch.cuda.set_device(device)
-    groups = make_groups([[0], [1]], rank, backend, link_pairs([[0, 1]]), directed=True)
+    keys = gather_gpu_keys(device, 60.0) if backend.startswith("nccl") else None
+    groups = make_groups([[0], [1]], rank, backend.split("-")[0], link_pairs([[0, 1]]), directed=True, gpu_keys=keys)
     assert set(groups.links) == {(0, 1), (1, 0)} and groups.payload_for(0, 1) is not groups.payload_for(1, 0)
+    assert groups.gloo_instead == (2 if backend == "nccl-shared" else 0)
     tr = Transport(rank, groups.header, groups.payload, device, 60.0, links=groups.links)
     big = [torch.full((4, 256, 1024), float(10 * rank + i), device=device) for i in range(4)]  # 4 MiB each
     tr.expect(len(big))
@@ -85,6 +88,7 @@ def _both_send(rank: int, port: int, backend: str, q) -> None:  # type: ignore[n
 @pytest.mark.parametrize("backend", [
     "gloo",
     pytest.param("nccl", marks=pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")),
+    pytest.param("nccl-shared", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")),
 ])
 def test_two_nodes_sending_large_tensors_to_each_other_at_once(backend):
     import torch.multiprocessing as mp
@@ -103,3 +107,13 @@ def test_two_nodes_sending_large_tensors_to_each_other_at_once(backend):
         assert p.exitcode == 0
     for r in (0, 1):
         assert results[r] == [(i, float(10 * (1 - r) + i), float(10 * (1 - r) + i)) for i in range(4)]  # in order, intact
+
+
+def test_an_nccl_group_whose_workers_share_a_gpu_uses_gloo():
+    from skippipe.runtime.process_group import group_backend
+
+    keys = [7, 8, 7, -1]  # ranks 0 and 2 share a GPU
+    assert group_backend("nccl", [0, 1], keys) == "nccl"
+    assert group_backend("nccl", [0, 2], keys) == "gloo" and group_backend("nccl", [0, 1, 2], keys) == "gloo"
+    assert group_backend("nccl", [0, 2], None) == "nccl"  # nothing known: as asked
+    assert group_backend("gloo", [0, 1], keys) == "gloo"

@@ -42,3 +42,21 @@ def test_measure_tokens_per_s_and_utilisation():
     assert "no utilisation" in measure(1, 1.0, 1.0, "Mystery", 1).format()
     with pytest.raises(ValueError):
         measure(1, 1.0, 0.0)
+
+
+def test_peak_memory_is_recorded_and_reported():
+    from pathlib import Path
+
+    import torch
+
+    from skippipe.runtime.job import Summary, format_summary
+    from skippipe.runtime.metrics import IterationStats
+    from skippipe.runtime.throughput import peak_device_memory
+
+    assert peak_device_memory(torch.device("cpu")) == 0
+    rec = IterationStats(3, 2.5, 1e-3, 0.7, 0.5, 0.4, 8, peak_memory_bytes=3 * 2**30).record(time_scale=0.1)
+    assert rec["peak_memory_bytes"] == 3 * 2**30 and rec["makespan_plan_s"] == pytest.approx(4.0)
+    summary = Summary(Path("run"), 3, 3.0, 2.5, 0.5, 4.0, None, 9.0, None, None, peak_memory_bytes=rec["peak_memory_bytes"])
+    assert "peak memory     3.00 GiB on one GPU worker" in format_summary(summary, emulated=False, time_scale=1.0)
+    summary.peak_memory_bytes = 0  # a CPU run: no line
+    assert "peak memory" not in format_summary(summary, emulated=False, time_scale=1.0)

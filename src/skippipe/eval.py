@@ -36,13 +36,15 @@ def validation_loss(
     model: Llama, val_tokens: np.ndarray, seq_len: int, samples: int = 64, batch_size: int = 8,
     order: Sequence[int] | None = None,
 ) -> float:
-    """Mean next-token cross-entropy over ``samples`` windows spread evenly over the validation text."""
+    """Mean next-token cross-entropy over ``samples`` windows spread evenly over the validation text
+    (on the model's device)."""
     model.eval()
+    device = next(model.parameters()).device
     starts = validation_starts(len(val_tokens), seq_len, samples)
     total, count = 0.0, 0
     for i in range(0, len(starts), batch_size):
         x, y = windows(val_tokens, starts[i : i + batch_size], seq_len)
-        loss = model.loss(torch.from_numpy(x), torch.from_numpy(y), order)
+        loss = model.loss(torch.from_numpy(x).to(device), torch.from_numpy(y).to(device), order)
         total += float(loss) * len(x)
         count += len(x)
     return total / count

@@ -228,7 +228,11 @@ def _run(args: WorkerArgs, stop: StopRequest) -> int:
     hosted_store = pg.init(env, rt.timeout_s, rt.rendezvous_timeout_s)
     t2 = time.monotonic()
     routes = [[mb.data_node, *mb.path] for mb in plan.microbatches]
-    groups = pg.make_groups(plan.stages, env.rank, rt.backend, pg.link_pairs(routes))
+    gpu_keys = pg.gather_gpu_keys(device, rt.timeout_s) if rt.backend == "nccl" else None
+    groups = pg.make_groups(plan.stages, env.rank, rt.backend, pg.link_pairs(routes), gpu_keys=gpu_keys)
+    if groups.gloo_instead and env.rank == 0:
+        _log(f"NCCL: {groups.gloo_instead} group(s) use gloo instead: their workers share a GPU (NCCL allows one rank "
+             "per GPU in a group); their payloads travel through host memory")
     pg.agree(json.dumps(plan.to_dict(), sort_keys=True), "plan", rt.timeout_s)
     pg.agree(json.dumps(cfg.to_dict(), sort_keys=True), "config", rt.timeout_s)
     _log(f"pid {os.getpid()}, set up in {t1 - t0:.1f} s, joined {env.world_size} workers in {t2 - t1:.1f} s, "

@@ -61,6 +61,7 @@ class Summary:
     failures: list[Any] = field(default_factory=list)  # elastic.Failure, one per failure survived
     replans: list[Any] = field(default_factory=list)  # adapt.Replan, one per re-plan on drift
     throughput: Throughput | None = None  # tokens/s, and utilisation on GPUs
+    peak_memory_bytes: int = 0  # the most any one worker's CUDA allocator held (0 on CPU)
 
 
 def build_plan(cfg: RunConfig, model_cfg: Any, seq_len: int) -> Plan:
@@ -342,6 +343,7 @@ def summarize(prep: Prepared, wall_s: float, end: int) -> Summary:
         checkpoint=local_checkpoint.newest(run_dir, prep.cfg.run.checkpoint_storage, prep.cfg.run.local_checkpoint_dir),
         timeline_png=png, records=recs,
         throughput=measure(prep.tokens_per_iteration, prep.flops_per_iteration, mean_iter_s, *_gpus(prep)),
+        peak_memory_bytes=max(int(r.get("peak_memory_bytes", 0)) for r in recs),
     )
 
 
@@ -366,6 +368,8 @@ def format_summary(s: Summary, emulated: bool, time_scale: float) -> str:
     ]
     if s.throughput is not None:
         lines.append(f"throughput      {s.throughput.format()}")
+    if s.peak_memory_bytes:
+        lines.append(f"peak memory     {s.peak_memory_bytes / 2**30:.2f} GiB on one GPU worker (the most of any; CUDA allocator)")
     if emulated:
         pred = s.predicted_makespan_s
         cmp = ""

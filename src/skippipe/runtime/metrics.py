@@ -11,12 +11,38 @@ from __future__ import annotations
 
 import json
 import os
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from skippipe.fileio import atomic_write_text
 
 METRICS_FILE = "metrics.jsonl"
+
+
+@dataclass
+class IterationStats:
+    """What one iteration achieved, the same on every worker."""
+
+    iteration: int  # 1-based count of completed iterations
+    loss: float
+    lr: float
+    grad_norm: float
+    iter_s: float  # barrier to optimizer step done (real seconds)
+    makespan_s: float  # barrier to the last backward on any data node (real seconds)
+    samples: int
+    stop: bool = False  # some worker was asked to stop: all stop after this iteration
+    peak_memory_bytes: int = 0  # the most any worker's CUDA allocator held so far (0 on CPU)
+
+    def record(self, time_scale: float) -> dict[str, Any]:
+        """The ``metrics.jsonl`` record (``makespan_plan_s``: the makespan in plan seconds)."""
+        return {
+            "iteration": self.iteration, "loss": self.loss, "lr": self.lr, "grad_norm": self.grad_norm,
+            "iter_s": self.iter_s, "makespan_s": self.makespan_s, "makespan_plan_s": self.makespan_s / time_scale,
+            "samples": self.samples, "samples_per_s": self.samples / self.iter_s,
+            "peak_memory_bytes": self.peak_memory_bytes, "time": time.time(),
+        }
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:

@@ -23,6 +23,11 @@ exchanges messages in the plan gets its own two-rank group, carrying payloads fr
 only: on each communicator one side only sends and the other only receives, in the order the
 headers arrived (messages between one pair are FIFO), so nothing can wait on itself.
 ``link_pairs`` lists the pairs, ``Groups.payload_for(src, dst)`` picks the group.
+
+Shared GPUs: NCCL allows one rank per GPU in a communicator ("Duplicate GPU detected"). Workers
+that share a GPU (more workers than GPUs on a machine) are found by comparing every worker's
+host and GPU UUID (``gather_gpu_keys``); a group holding two of them uses gloo instead
+(``group_backend``), and its payloads travel through host memory.
 """
 
 from __future__ import annotations
@@ -193,6 +198,7 @@ class Groups:
     stage: dist.ProcessGroup | None  # this node's stage group (None: the stage has one node)
     stage_ranks: list[int]
     links: dict[tuple[int, int], dist.ProcessGroup] = field(default_factory=dict)  # (src, dst) -> its own group
+    gloo_instead: int = 0  # groups on gloo although the backend is NCCL: their workers share a GPU
 
     def payload_for(self, src: int, dst: int) -> dist.ProcessGroup:
         """The group that carries payloads from ``src`` to ``dst``."""
@@ -212,27 +218,67 @@ def link_pairs(routes: Iterable[Sequence[int]]) -> list[tuple[int, int]]:
     return sorted(pairs)
 
 
+def gpu_key(device: torch.device) -> int:
+    """The identity of a worker's GPU across machines (host name and GPU UUID, hashed); -1 off CUDA."""
+    if device.type != "cuda":
+        return -1
+    props = torch.cuda.get_device_properties(device)
+    ident = f"{socket.gethostname()}/{getattr(props, 'uuid', device.index)}"
+    return int.from_bytes(hashlib.sha256(ident.encode()).digest()[:8], "big") & 0x7FFF_FFFF_FFFF_FFFF
+
+
+def gather_gpu_keys(device: torch.device, timeout_s: float) -> list[int]:
+    """Every rank's ``gpu_key``, in rank order (all ranks call this)."""
+    mine = torch.tensor([gpu_key(device)], dtype=torch.int64)
+    out = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
+    with communicating("comparing the GPUs of all workers", timeout_s):
+        dist.all_gather(out, mine)
+    return [int(v) for v in out]
+
+
+def group_backend(backend: str, ranks: Iterable[int], gpu_keys: Sequence[int] | None) -> str:
+    """``backend``, except gloo for an NCCL group in which two ranks share a GPU."""
+    if backend != "nccl" or gpu_keys is None:
+        return backend
+    keys = [gpu_keys[r] for r in ranks]
+    return backend if len(set(keys)) == len(keys) else "gloo"
+
+
 def make_groups(
     stages: list[list[int]], rank: int, backend: str, links: Sequence[tuple[int, int]] = (), directed: bool | None = None,
+    gpu_keys: Sequence[int] | None = None,
 ) -> Groups:
     """Every rank creates every group, in the same order (torch.distributed's rule). ``links``
-    (``link_pairs``) get one group per direction when ``directed`` (default: with NCCL)."""
+    (``link_pairs``) get one group per direction when ``directed`` (default: with NCCL).
+    ``gpu_keys`` (``gather_gpu_keys``): groups whose ranks share a GPU use gloo (``group_backend``)."""
     world = dist.group.WORLD
     header = dist.new_group(backend="gloo")
-    payload = dist.new_group(backend="nccl") if backend == "nccl" else header
+    fallbacks = 0
+
+    def new(ranks: Sequence[int]) -> dist.ProcessGroup:
+        nonlocal fallbacks
+        chosen = group_backend(backend, ranks, gpu_keys)
+        fallbacks += chosen != backend
+        return dist.new_group(ranks=list(ranks), backend=chosen)
+
+    payload = header
+    if backend == "nccl":
+        everyone = range(dist.get_world_size())
+        payload = dist.new_group(backend="nccl") if group_backend(backend, everyone, gpu_keys) == "nccl" else header
     mine = None
     my_ranks: list[int] = []
     for nodes in stages:
         ranks = sorted(nodes)
-        g = dist.new_group(ranks=ranks, backend=backend) if len(ranks) > 1 else None
+        g = new(ranks) if len(ranks) > 1 else None
         if rank in ranks:
             mine, my_ranks = g, ranks
     own: dict[tuple[int, int], dist.ProcessGroup] = {}
     for src, dst in links if (backend == "nccl" if directed is None else directed) else ():
-        g = dist.new_group(ranks=sorted((src, dst)), backend=backend)
+        g = new(sorted((src, dst)))
         if rank in (src, dst):
             own[(src, dst)] = g
-    return Groups(world=world, header=header, payload=payload, stage=mine, stage_ranks=my_ranks, links=own)
+    return Groups(world=world, header=header, payload=payload, stage=mine, stage_ranks=my_ranks, links=own,
+                  gloo_instead=fallbacks)
 
 
 def agree(text: str, what: str, timeout_s: float) -> None:

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from skippipe.costs import layer_flops
 from skippipe.model.config import ModelConfig
@@ -61,6 +62,14 @@ class Throughput:
         if self.utilisation is None:
             return f"{line} on {self.gpus} x {self.gpu} (no peak known for it: no utilisation)"
         return f"{line}, utilisation {100 * self.utilisation:.1f} % of {self.gpus} x {self.gpu} bf16 peak"
+
+
+def peak_device_memory(device: Any) -> int:
+    """Bytes the CUDA caching allocator held at most on ``device`` so far (tensors, not its cache); 0 off CUDA."""
+    import torch
+
+    device = torch.device(device)
+    return int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else 0
 
 
 def measure(tokens_per_iteration: int, flops_per_iteration: float, mean_iter_s: float,

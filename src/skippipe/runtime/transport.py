@@ -125,6 +125,11 @@ def payload_of(dtype: torch.dtype, shape: list[int], wire: str) -> tuple[torch.d
     return (torch.bfloat16 if wire == "bf16" else torch.uint8), payload_shape(wire, shape)
 
 
+def _on_host(group: dist.ProcessGroup) -> bool:
+    """Payloads of a gloo group travel from host memory (gloo sends CPU tensors only)."""
+    return dist.get_backend(group) == "gloo"
+
+
 def _source_rank(work: dist.Work) -> int:
     fn = getattr(work, "_source_rank", None) or work.source_rank
     return int(fn())
@@ -157,7 +162,6 @@ class Transport:
         self.payload_group = payload_group
         self.links = links or {}  # (src, dst) -> the group for payloads src -> dst (process_group.make_groups)
         self.device = device
-        self.payload_on_cpu = dist.get_backend(payload_group) == "gloo"
         self.timeout = datetime.timedelta(seconds=timeout_s)
         self.timeout_s = timeout_s
         self.delay = delay or (lambda dst: 0.0)
@@ -224,9 +228,10 @@ class Transport:
                 else:
                     payload = encode(msg.tensor, msg.wire)
                 payload = payload.contiguous()
-                payload = payload.cpu() if self.payload_on_cpu else payload.to(self.device)
+                group = self.links.get((self.rank, dst), self.payload_group)
+                payload = payload.cpu() if _on_host(group) else payload.to(self.device)
                 dist.send(header, dst, group=self.header_group, tag=HEADER_TAG)
-                dist.send(payload, dst, group=self.links.get((self.rank, dst), self.payload_group), tag=PAYLOAD_TAG)
+                dist.send(payload, dst, group=group, tag=PAYLOAD_TAG)
                 if self.on_sent is not None:
                     self.on_sent(dst, msg, handed_over, time.time())
                 with self._cond:
@@ -274,10 +279,11 @@ class Transport:
                 self._wait(work, None, "message")
                 src = _source_rank(work)
                 iteration, mb, direction, dtype, sent_at, shape, wire = decode_header(h, self.bounds, src)
-                device = torch.device("cpu") if self.payload_on_cpu else self.device
+                group = self.links.get((src, self.rank), self.payload_group)
+                device = torch.device("cpu") if _on_host(group) else self.device
                 p_dtype, p_shape = payload_of(dtype, shape, wire)
                 t = torch.empty(p_shape, dtype=p_dtype, device=device)
-                work = dist.irecv(t, src=src, group=self.links.get((src, self.rank), self.payload_group), tag=PAYLOAD_TAG)
+                work = dist.irecv(t, src=src, group=group, tag=PAYLOAD_TAG)
                 self._wait(work, src, "payload")
                 if dtype.is_floating_point:
                     t = decode(t, wire, shape).to(dtype)

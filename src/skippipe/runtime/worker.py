@@ -48,10 +48,11 @@ from skippipe.runtime.accumulate import OrderedGradAccumulator
 from skippipe.runtime.emulation import Emulation
 from skippipe.runtime.faults import StopRequest
 from skippipe.runtime.handoff import LATCH, StepSnapshot, guarded_step
-from skippipe.runtime.metrics import MetricsWriter
+from skippipe.runtime.metrics import IterationStats, MetricsWriter
 from skippipe.runtime.process_group import Groups, communicating
 from skippipe.runtime.saving import CheckpointWriter, save_run_checkpoint
 from skippipe.runtime.schedule import NodeSchedule, awaited, describe_awaited, expected_messages, hops, node_work
+from skippipe.runtime.throughput import peak_device_memory
 from skippipe.runtime.timeline import prune_records
 from skippipe.runtime.transport import BACKWARD, FORWARD, Message, MessageBounds, Transport
 from skippipe.train import grads as G
@@ -60,18 +61,6 @@ from skippipe.train.ops import Saved, backward_op, forward_op, loss_op
 from skippipe.train.optim import lr_at, make_optimizer, set_lr
 
 T = TypeVar("T")
-
-
-@dataclass
-class IterationStats:
-    iteration: int  # 1-based count of completed iterations
-    loss: float
-    lr: float
-    grad_norm: float
-    iter_s: float  # barrier to optimizer step done (real seconds)
-    makespan_s: float  # barrier to the last backward on any data node (real seconds)
-    samples: int
-    stop: bool = False  # some worker was asked to stop: all stop after this iteration
 
 
 @dataclass
@@ -318,7 +307,7 @@ class Worker:
         if g.stage_ranks and plan.stages[self.stage_index][0] == self.node:
             vec[M + self.stage_index] = G.stage_sq_norm(self.stage)
         vec[M + S] = 1.0 if self.s.stop.signum is not None else 0.0
-        span = torch.tensor([state.last_backward], dtype=torch.float64)
+        span = torch.tensor([state.last_backward, peak_device_memory(self.s.device)], dtype=torch.float64)
         # a drain that arrives from here on waits until the step is applied (handoff.RecoveryLatch)
         with LATCH.local_step():
             with communicating(f"the loss and norm sum of iteration {it + 1}", self.s.timeout_s):
@@ -340,7 +329,7 @@ class Worker:
             samples = len(plan.microbatches) * self.s.train_cfg.samples_per_microbatch
             return IterationStats(
                 iteration=it + 1, loss=loss, lr=lr, grad_norm=norm, iter_s=time.monotonic() - state.t0,
-                makespan_s=float(span[0]), samples=samples, stop=float(vec[M + S]) > 0,
+                makespan_s=float(span[0]), samples=samples, stop=float(vec[M + S]) > 0, peak_memory_bytes=int(span[1]),
             )
 
     # ------------------------------------------------------------------ checkpoints
@@ -373,12 +362,7 @@ class Worker:
             prune_records(self.s.timeline, it, self.s.timeline_iteration - 1)
             last = stats.iteration == end
             if self.s.metrics is not None and (stats.iteration % self.s.log_every == 0 or last or stats.stop):
-                self.s.metrics.write({
-                    "iteration": stats.iteration, "loss": stats.loss, "lr": stats.lr, "grad_norm": stats.grad_norm,
-                    "iter_s": stats.iter_s, "makespan_s": stats.makespan_s,
-                    "makespan_plan_s": stats.makespan_s / self.scale, "samples": stats.samples,
-                    "samples_per_s": stats.samples / stats.iter_s, "time": time.time(),
-                })
+                self.s.metrics.write(stats.record(self.scale))
             saved = False
             if every >= 0 and ((every and stats.iteration % every == 0) or last):
                 self.save_checkpoint(stats.iteration, self.s.keep_checkpoints)

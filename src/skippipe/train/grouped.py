@@ -47,7 +47,7 @@ def param_stages(model: Llama, layers: list[list[int]]) -> dict[str, int]:
 
 class GroupedExecutor:
     def __init__(self, plan: Plan, model_cfg: ModelConfig, train_cfg: TrainConfig, batch_fn: BatchFn,
-                 keep_stage: float | None = None):
+                 keep_stage: float | None = None, device: str | torch.device = "cpu"):
         if model_cfg.n_layers != sum(len(ls) for ls in plan.layers):
             raise ValueError(f"plan covers {sum(len(ls) for ls in plan.layers)} layers, the model has {model_cfg.n_layers}")
         if keep_stage is not None and train_cfg.grad_divisor != "visits":
@@ -57,7 +57,8 @@ class GroupedExecutor:
         self.cfg = train_cfg
         self.batch_fn = batch_fn
         self.keep_stage = keep_stage
-        self.model = Llama(model_cfg)
+        self.device = torch.device(device)
+        self.model = Llama(model_cfg).to(self.device)  # before the optimizer: it picks its kernel by device
         self.optimizer = make_optimizer(self.model, train_cfg)
         self.stage_of = plan.stage_of()
         self.param_stage = param_stages(self.model, plan.layers)
@@ -85,8 +86,8 @@ class GroupedExecutor:
         self.model.train()
         for seq, ids in sorted(groups.items()):
             batches = [self.batch_fn(self.iteration, i) for i in ids]
-            x = torch.cat([b[0] for b in batches])
-            y = torch.cat([b[1] for b in batches])
+            x = torch.cat([b[0] for b in batches]).to(self.device)
+            y = torch.cat([b[1] for b in batches]).to(self.device)
             order = [layer for s in (0, *seq) for layer in self.plan.layers[s]]
             with autocast(x.device, self.cfg.precision):
                 logits = self.model(x, order)
@@ -125,7 +126,9 @@ class GroupedExecutor:
         return StepResult(t, float(np.mean(list(losses.values()))), norm, lr, losses)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        return {k: v.clone() for k, v in self.model.state_dict().items()}
+        """A CPU copy of the weights."""
+        return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
 
     def full_model(self) -> Llama:
+        """A copy of the model, on the executor's device."""
         return copy.deepcopy(self.model)

@@ -32,16 +32,20 @@ class History:
 def train_plan(
     plan: Plan, cfg: TrainConfig, data: TokenData, model_cfg: ModelConfig | None = None,
     progress: bool = True, desc: str = "train", keep_stage: float | None = None, grouped: bool = False,
+    device: str = "cpu",
 ) -> tuple[ReferenceExecutor | GroupedExecutor, History]:
     """Train ``plan`` for ``cfg.steps`` iterations; with ``keep_stage`` (a probability), every
     microbatch also drops each stage of its path at random (``train.layerdrop``); ``grouped``:
-    the same math with one model copy and batched stage sequences (``train.grouped``, faster)."""
+    the same math with one model copy and batched stage sequences (``train.grouped``, faster);
+    ``device`` (e.g. ``"cuda"``) is the grouped executor's only (the others keep a model copy per node)."""
+    if device != "cpu" and not grouped:
+        raise ValueError(f"device {device!r} needs the grouped executor (grouped=True)")
     model_cfg = model_cfg or cfg.model_config(data.vocab_size)
     seq_len = cfg.tokens_per_sample(model_cfg)
     batches = plan_batch_fn(plan, data.train, cfg, seq_len)
     ex: ReferenceExecutor | GroupedExecutor
     if grouped:
-        ex = GroupedExecutor(plan, model_cfg, cfg, batches, keep_stage)
+        ex = GroupedExecutor(plan, model_cfg, cfg, batches, keep_stage, device)
     elif keep_stage is None:
         ex = ReferenceExecutor(plan, model_cfg, cfg, batches)
     else:
