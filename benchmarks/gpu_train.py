@@ -21,6 +21,8 @@ import sys
 import time
 from pathlib import Path
 
+from skippipe.runtime.metrics import read_metrics
+
 SETTINGS = {  # preset -> (tokenizer vocabulary, samples per microbatch, activation checkpointing)
     "tiny": (4096, 8, False),
     "llama-500m": (32000, 4, True),  # the preset's own vocabulary: 468 M parameters
@@ -75,7 +77,7 @@ def run_setting(out: Path, preset: str, backend: str, steps: int) -> dict:
     record: dict = {"preset": preset, "backend": backend, "steps": steps, "exit": proc.returncode, "wall_s": wall}
     if proc.returncode != 0:
         return record
-    recs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    recs = read_metrics(run_dir)
     summary = [line for line in proc.stdout.splitlines() if line.startswith(("throughput", "peak memory", "iteration time"))]
     steady = recs[1:]
     record.update(
