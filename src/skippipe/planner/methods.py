@@ -6,7 +6,8 @@
 - ``random``           random skipping under CC1-CC3 and TC1 (``baselines.random_plan``)
 - ``naive``            index-order stages, least-loaded stage sets and nodes (``baselines.naive_plan``)
 - ``skippipe-no-tc2``  SkipPipe paths without collision awareness (``routing.schedule.plan_no_tc2``)
-- ``skippipe``         SkipPipe with collision-aware paths (``routing.schedule.plan_skippipe``)
+- ``skippipe``         SkipPipe with collision-aware paths (``routing.schedule.plan_skippipe``; clusters
+                       in parts: ``routing.decompose``, ``routing.site_groups``)
 
 Torch-free.
 """
@@ -24,7 +25,8 @@ from skippipe.planner.allocation import allocate
 from skippipe.planner.baselines import full_plan, naive_plan, random_plan
 from skippipe.planner.problem import Problem
 from skippipe.planner.routing.decompose import plan_in_groups
-from skippipe.planner.routing.schedule import plan_no_tc2, plan_skippipe
+from skippipe.planner.routing.schedule import plan_no_tc2
+from skippipe.planner.routing.site_groups import plan_whole_or_grouped
 from skippipe.sim import SimResult, simulate
 
 Planner = Callable[[Problem, int, "float | None"], Plan]
@@ -69,8 +71,8 @@ def _skippipe(problem: Problem, seed: int, time_limit_s: float | None) -> Plan:
     def fallbacks(stages: list[list[int]]) -> list[tuple[str, Plan]]:
         return _fallbacks(problem, stages, seed)
 
-    split = plan_in_groups(problem, seed, time_limit_s, fallbacks)  # large clusters of sites
-    return split if split is not None else plan_skippipe(problem, seed=seed, time_limit_s=time_limit_s, fallbacks=fallbacks)
+    split = plan_in_groups(problem, seed, time_limit_s, fallbacks)  # islands, large clusters of sites
+    return split if split is not None else plan_whole_or_grouped(problem, seed, time_limit_s, fallbacks)
 
 
 def _fallbacks(problem: Problem, stages: list[list[int]], seed: int) -> list[tuple[str, Plan]]:

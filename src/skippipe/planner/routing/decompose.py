@@ -259,12 +259,12 @@ def merge(problem: Problem, parts: list[tuple[list[int], Plan]], seed: int, meta
                              processing_order={k: orders[k] for k in sorted(orders)} or None, meta=meta)
 
 
-def _cost_key(p: Problem) -> bytes:
+def cost_key(p: Problem) -> bytes:
     return b"".join(np.ascontiguousarray(a).tobytes() for a in (p.transfer_s, p.forward_s, p.memory,
                                                                  np.asarray(p.stage_sizes)))
 
 
-def _probed_rows(
+def probed_rows(
     problem: Problem, groups: list[list[int]], sizes: list[list[int]], probe_group: Callable[[Problem], Plan]
 ) -> list[list[int]]:
     """The stage sizes per island whose probed plans have the quickest slowest island: the
@@ -275,7 +275,7 @@ def _probed_rows(
         out = []
         for nodes, row in zip(groups, rows):
             sub = sub_problem(problem, nodes, row)
-            key = _cost_key(sub)
+            key = cost_key(sub)
             if key not in probed:
                 probed[key] = float(probe_group(sub).predicted_makespan_s or 0.0)
             out.append(probed[key])
@@ -319,7 +319,7 @@ def decomposed_plan(
         return None
     meta: dict = {"candidate": candidate, "groups": [len(g) for g in groups]}
     if candidate == "islands" and problem.n <= REBALANCE_NODES and probe_group is not None:
-        rows = _probed_rows(problem, groups, sizes, probe_group)
+        rows = probed_rows(problem, groups, sizes, probe_group)
         if rows != sizes:
             sizes = rows
             meta["data_nodes_moved"] = [row[0] for row in rows]
@@ -327,7 +327,7 @@ def decomposed_plan(
     parts = []
     for nodes, row in zip(groups, sizes):
         sub = sub_problem(problem, nodes, row)
-        key = _cost_key(sub)
+        key = cost_key(sub)
         if key not in planned:
             planned[key] = plan_group(sub, len(groups))
         parts.append((nodes, planned[key]))

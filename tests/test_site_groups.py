@@ -1,0 +1,76 @@
+"""Clusters of sites below 200 nodes planned whole and in groups (``planner.routing.site_groups``):
+when the candidate is tried, that the grouped plan is valid and keeps each group to itself, and
+that ``skippipe`` keeps the quicker of the two."""
+
+from __future__ import annotations
+
+import pytest
+
+from skippipe.cluster_gen import random_global_cluster, single_site_cluster
+from skippipe.planfile import plan_violations
+from skippipe.planner import methods
+from skippipe.planner.problem import build_problem
+from skippipe.planner.routing import site_groups as G
+from skippipe.planner.routing.budget import default_budget
+from skippipe.planner.routing.schedule import plan_skippipe
+from skippipe.sim import simulate
+from skippipe.workload import Workload
+
+WORKLOAD = Workload(num_stages=4, path_length=3)
+
+
+@pytest.fixture
+def small_split(monkeypatch):
+    """The candidate from 24 nodes with groups of 8, so that a test plans in seconds."""
+    monkeypatch.setattr(G, "SPLIT_NODES", 24)
+    monkeypatch.setattr(G, "GROUP_NODES", 8)
+
+
+def test_groups_only_where_the_cluster_has_sites():
+    sites = build_problem(random_global_cluster(60, seed=1, sites=4), WORKLOAD)
+    groups = G.site_groups(sites)
+    assert groups is not None and len(groups) >= 2
+    assert sorted(i for g in groups for i in g) == list(range(60))
+    assert min(len(g) for g in groups) >= G.GROUP_NODES
+    # one site: groups there would be arbitrary
+    assert G.site_groups(build_problem(single_site_cluster(60, seed=1), WORKLOAD)) is None
+    # too small, or the stage sizes fixed by the user
+    assert G.site_groups(build_problem(random_global_cluster(G.SPLIT_NODES - 1, seed=1, sites=4), WORKLOAD)) is None
+    fixed = Workload(num_stages=4, path_length=3, stage_sizes=(12, 16, 16, 16))
+    assert G.site_groups(build_problem(random_global_cluster(60, seed=1, sites=4), fixed)) is None
+
+
+def test_grouped_plan_is_valid_and_keeps_each_group_to_itself(small_split):
+    problem = build_problem(random_global_cluster(30, seed=3, sites=3, speed=(0.5, 2.0)), WORKLOAD)
+    groups = G.site_groups(problem)
+    assert groups is not None
+    plan = G.grouped_plan(problem, groups, seed=0, time_limit_s=None)
+    assert plan is not None and plan_violations(plan) == []
+    assert [len(s) for s in plan.stages] == problem.stage_sizes
+    group_of = {node: k for k, g in enumerate(groups) for node in g}
+    for mb in plan.microbatches:
+        assert {group_of[node] for node in mb.route()} == {group_of[mb.data_node]}
+    assert plan.meta["candidate"] == G.CANDIDATE
+    assert sum(plan.meta["group_data_nodes"]) == problem.stage_sizes[0]
+    assert plan.predicted_makespan_s == pytest.approx(simulate(plan, record=False).makespan_s)
+
+
+@pytest.mark.parametrize("seed", [3, 5])  # on 3 the whole plan is quicker, on 5 the grouped one
+def test_skippipe_keeps_the_quicker_of_whole_and_grouped(small_split, seed):
+    problem = build_problem(random_global_cluster(30, seed=seed, sites=3, speed=(0.5, 2.0), memory=(1, 4)), WORKLOAD)
+    groups = G.site_groups(problem)
+    assert groups is not None
+    whole = plan_skippipe(problem, seed=0, budget=default_budget(problem) // 2,
+                          fallbacks=lambda stages: methods._fallbacks(problem, stages, 0))
+    grouped = G.grouped_plan(problem, groups, seed=0, time_limit_s=None)
+    plan = methods.make_plan("skippipe", problem, seed=0)
+    assert plan_violations(plan) == []
+    candidates = [whole.predicted_makespan_s] + ([] if grouped is None else [grouped.predicted_makespan_s])
+    assert plan.predicted_makespan_s == pytest.approx(min(candidates))
+    if grouped is not None:  # the other candidate's makespan is recorded
+        recorded = plan.meta.get("whole_makespan_s", plan.meta.get("grouped_makespan_s"))
+        assert recorded == pytest.approx(max(candidates), rel=1e-6)
+    # the default budget is counted, not timed: planning twice gives the same plan
+    again = methods.make_plan("skippipe", problem, seed=0)
+    assert again.predicted_makespan_s == plan.predicted_makespan_s
+    assert [mb.path for mb in again.microbatches] == [mb.path for mb in plan.microbatches]
