@@ -21,6 +21,7 @@ import sys
 import time
 from pathlib import Path
 
+from skippipe.fileio import atomic_write_text
 from skippipe.runtime.metrics import read_metrics
 
 SETTINGS = {  # preset -> (tokenizer vocabulary, samples per microbatch, activation checkpointing)
@@ -68,7 +69,7 @@ timeout_s = 600.0
 def run_setting(out: Path, preset: str, backend: str, steps: int) -> dict:
     run_dir = out / f"{preset}-{backend}"
     cfg = out / f"{preset}-{backend}.toml"
-    cfg.write_text(config_text(run_dir, preset, backend, steps))
+    atomic_write_text(cfg, config_text(run_dir, preset, backend, steps))
     t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "skippipe.cli", "train", str(cfg), "--fresh", "--no-progress"],
                           capture_output=True, text=True)
@@ -103,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         for backend in args.backends.split(","):
             print(f"== {preset}, {backend} ==", flush=True)
             results.append(run_setting(out, preset, backend, args.steps))
-            (out / "gpu-train.json").write_text(json.dumps(results, indent=1) + "\n")
+            atomic_write_text(out / "gpu-train.json", json.dumps(results, indent=1) + "\n")
     print(f"{'setting':<22} {'exit':>4} {'s/iter':>8} {'peak GiB':>9}  loss")
     for r in results:
         if r["exit"] != 0:
