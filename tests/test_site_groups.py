@@ -1,6 +1,7 @@
-"""Clusters of sites below 200 nodes planned whole and in groups (``planner.routing.site_groups``):
-when the candidate is tried, that the grouped plan is valid and keeps each group to itself, and
-that ``skippipe`` keeps the quicker of the two."""
+"""Clusters of sites planned whole and in groups (``planner.routing.site_groups``): when the
+candidate is tried, that the grouped plan is valid and keeps each group to itself, that
+``skippipe`` keeps the quicker of the two, and above 200 nodes the groups alone (where the
+cluster has sites and their planning fits the time target) behind the safety net."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ from skippipe.cluster_gen import random_global_cluster, single_site_cluster
 from skippipe.planfile import plan_violations
 from skippipe.planner import methods
 from skippipe.planner.problem import build_problem
+from skippipe.planner.routing import budget, decompose
 from skippipe.planner.routing import site_groups as G
 from skippipe.planner.routing.budget import default_budget
-from skippipe.planner.routing.schedule import plan_skippipe
+from skippipe.planner.routing.schedule import plan_no_tc2, plan_skippipe
 from skippipe.sim import simulate
 from skippipe.workload import Workload
 
@@ -74,3 +76,35 @@ def test_skippipe_keeps_the_quicker_of_whole_and_grouped(small_split, seed):
     again = methods.make_plan("skippipe", problem, seed=0)
     assert again.predicted_makespan_s == plan.predicted_makespan_s
     assert [mb.path for mb in again.microbatches] == [mb.path for mb in plan.microbatches]
+
+
+@pytest.fixture
+def large_path(small_split, monkeypatch):
+    """The rules above ``decompose.DECOMPOSE_NODES`` nodes from 24 nodes (groups of 8)."""
+    monkeypatch.setattr(decompose, "DECOMPOSE_NODES", 24)
+
+
+def test_above_the_decompose_size_groups_need_sites_and_time(large_path, monkeypatch):
+    sites = build_problem(random_global_cluster(30, seed=3, sites=3, speed=(0.5, 2.0)), WORKLOAD)
+    groups = G.site_groups(sites)
+    assert groups is not None and len(groups) >= 2
+    assert G.grouped_cpu_estimate(sites, groups) < budget.PLANNING_SHARE * budget.planning_target_s(30)
+    # one node per site: groups would be arbitrary
+    assert not G.has_sites(build_problem(random_global_cluster(300, seed=1), WORKLOAD).transfer_s)
+    assert G.site_groups(build_problem(random_global_cluster(30, seed=3, speed=(0.5, 2.0)), WORKLOAD)) is None
+    # groups whose starts would not fit the planning-time target are not planned
+    monkeypatch.setattr(G, "GROUP_START_S_UNEVEN", 1.0)
+    assert G.site_groups(sites) is None
+
+
+def test_above_the_decompose_size_groups_alone_behind_the_safety_net(large_path):
+    problem = build_problem(random_global_cluster(30, seed=3, sites=3, speed=(0.5, 2.0), memory=(1, 4)), WORKLOAD)
+    groups = G.site_groups(problem)
+    grouped = G.grouped_plan(problem, groups, seed=0, time_limit_s=None, thorough=False)
+    base = plan_no_tc2(problem, seed=0)
+    base_s = simulate(base, record=False).makespan_s
+    nets = [p.predicted_makespan_s for _, p in methods._fallbacks(problem, base.stages, 0)]
+    plan = methods.make_plan("skippipe", problem, seed=0)
+    assert plan_violations(plan) == []
+    assert plan.predicted_makespan_s == pytest.approx(min([grouped.predicted_makespan_s, base_s, *nets]))
+    assert "whole_makespan_s" not in plan.meta  # the whole cluster is not searched

@@ -117,7 +117,7 @@ class SuiteCase:
         return Workload(num_stages=self.num_stages, path_length=self.path_length)
 
 
-def _gcp_regions(n: int) -> Cluster:
+def gcp_regions_cluster(n: int) -> Cluster:
     """``n`` nodes round robin over the 12 GCP regions of gcp-2025."""
     locations = list(network_tables()["gcp-2025"]["locations"])
     placed = [locations[i % len(locations)] for i in range(n)]
@@ -144,8 +144,8 @@ def suite(seed: int = 0, largest: int = 1000) -> list[SuiteCase]:
     for table in TABLE_NAMES:
         for setting in SETTING_NAMES:
             cases.append(SuiteCase(f"{table} {setting}", parse_preset(f"{table}/{setting}/20"), 6, 4))
-    cases.append(SuiteCase("gcp 12 regions", _gcp_regions(100), 9, 5))
+    cases.append(SuiteCase("gcp 12 regions", gcp_regions_cluster(100), 9, 5))
     cases.append(SuiteCase("global uneven", random_global_cluster(100, seed + 4, sites=30, broken=0.05, **uneven), 7, 4))
-    cases.append(SuiteCase("gcp 12 regions", _gcp_regions(1000), 9, 5))
+    cases.append(SuiteCase("gcp 12 regions", gcp_regions_cluster(1000), 9, 5))
     cases.append(SuiteCase("global uneven", random_global_cluster(1000, seed + 5, sites=60, broken=0.05, **uneven), 9, 5))
     return [c for c in cases if c.cluster.n <= largest]

@@ -3,7 +3,7 @@
 Two counts: the simulations the search may run (``default_budget``) and the allocation seeds
 whose starts are built and compared before the search (``allocation_starts``). Both keep an
 estimate of the planning CPU, from counts alone, within the planning-time target (10 s up to
-40 nodes, rising to 30 s at 100).
+40 nodes, rising to 30 s at 100 and 60 s at 1,000).
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from skippipe.planner.problem import Problem
 
 # above this many nodes the default budget shrinks with the square of the size
 BUDGET_FULL_NODES = 200
-# up to BUDGET_FULL_NODES the budget also keeps simulations x operations of one iteration within
-# PLANNING_SHARE of the planning-time target (10 s up to 40 nodes, 30 s at 100): heavy workloads
+# at any size the budget also keeps simulations x operations of one iteration within
+# PLANNING_SHARE of the planning-time target (10 s up to 40 nodes, 30 s at 100, 60 s at 1,000): heavy workloads
 # (long paths, many microbatches) simulate longer. SIM_OP_S is the planning CPU time per
 # simulation and operation of one iteration, measured on the 2-core machine: 2.4-2.7 us on the
 # 100-node suite clusters, 3.0 us on the 40-node one, 2.4-4.6 us on generated 30-40-node ones
@@ -36,8 +36,11 @@ def operations(problem: Problem) -> int:
 
 
 def planning_target_s(n: int) -> float:
-    """The planning-time target of the default budget: 10 s up to 40 nodes, 30 s from 100."""
-    return 10.0 + 20.0 * min(1.0, max(0, n - 40) / 60)
+    """The planning-time target of the default budget: 10 s up to 40 nodes, 30 s at 100, 60 s
+    from 1,000 (linear in between)."""
+    if n <= 100:
+        return 10.0 + 20.0 * max(0, n - 40) / 60
+    return 30.0 + 30.0 * min(1.0, (n - 100) / 900)
 
 
 def default_budget(problem: Problem) -> int:
@@ -45,13 +48,14 @@ def default_budget(problem: Problem) -> int:
     from 100 to 200 nodes; above that 8,000 x (200 / N)^2 (320 at 1,000 nodes), because a
     simulation of the critical component grows with the cluster (on an uneven 1,000-node
     cluster the components span hundreds of nodes) and planning must stay within a minute.
-    Up to 200 nodes, fewer where one iteration has many operations (``SIM_OP_S``): a
-    40-node cluster with L = 7 and 8 microbatches per data node took 12.1 s with 5,600."""
+    At any size fewer where one iteration has many operations (``SIM_OP_S``): a 40-node
+    cluster with L = 7 and 8 microbatches per data node took 12.1 s with 5,600, a 201-node
+    one with L = 8 47.2 s with 7,920."""
     full = int(4000 + 40 * min(problem.n, 100))
+    limit = int(PLANNING_SHARE * planning_target_s(problem.n) / (SIM_OP_S * operations(problem)))
     if problem.n <= BUDGET_FULL_NODES:
-        limit = PLANNING_SHARE * planning_target_s(problem.n) / (SIM_OP_S * operations(problem))
-        return max(500, min(full, int(limit)))
-    return max(100, int(full * (BUDGET_FULL_NODES / problem.n) ** 2))
+        return max(500, min(full, limit))
+    return max(100, min(limit, int(full * (BUDGET_FULL_NODES / problem.n) ** 2)))
 
 
 def allocation_starts(problem: Problem, budget: int) -> int:

@@ -149,11 +149,13 @@ def memory_candidates(
     return out
 
 
-def data_node_candidate(problem: Problem, cands: list[Candidate], limits: SearchLimits) -> Candidate | None:
+def data_node_candidate(
+    problem: Problem, cands: list[Candidate], limits: SearchLimits, thorough: bool = True
+) -> Candidate | None:
     """The balanced routing on the best balanced-routed allocation so far with its data nodes
     exchanged for other nodes while the simulator says it helps (``routing.data_nodes``), when
     the cluster fixes no allocation and compute is uneven; above ``DATA_NODES_MAX_NODES`` nodes
-    its routings are charged to ``limits``."""
+    its routings are charged to ``limits``. ``thorough=False``: the shortlist at any size."""
     if problem.fixed_stages is not None or problem.n > DATA_NODES_LARGEST or len(set(problem.forward_s.tolist())) <= 1:
         return None
     starts = [c for c in cands if c.balanced]
@@ -161,7 +163,7 @@ def data_node_candidate(problem: Problem, cands: list[Candidate], limits: Search
         return None
     start = min(starts, key=lambda c: c.score.key())
     tally = [0]
-    found = data_node_search(problem, start.stages, stage_orders(problem, start.stages), start.score, tally)
+    found = data_node_search(problem, start.stages, stage_orders(problem, start.stages), start.score, tally, thorough)
     if problem.n > DATA_NODES_MAX_NODES:
         limits.spent += tally[0] * ROUTING_CHARGE
     if found is None:
@@ -212,7 +214,8 @@ def by_name(cands: list[Candidate], name: str) -> Candidate | None:
 
 
 def timetable_candidates(
-    problem: Problem, cands: list[Candidate], seed: int, evaluators: dict[int, Evaluator], limits: SearchLimits
+    problem: Problem, cands: list[Candidate], seed: int, evaluators: dict[int, Evaluator], limits: SearchLimits,
+    thorough: bool = True,
 ) -> list[Candidate]:
     """The best timetable routing (``routing.timetable``, up to its ``LARGEST`` nodes), with its
     processing orders: on each of the ``TIMETABLE_ALLOCATIONS`` allocations of the best
@@ -220,8 +223,9 @@ def timetable_candidates(
     ``TIMETABLE_RESTARTS`` with a perturbed path choice on the allocation and variant that did
     best. Above ``TIMETABLE_SMALL`` nodes: only where compute is uneven (where it was seen to
     help), on the best allocation only. The work is charged to ``limits`` beyond
-    ``TIMETABLE_FREE_WORK`` units (all of it above ``TIMETABLE_UNCHARGED`` nodes)."""
-    small = problem.n <= TIMETABLE_SMALL
+    ``TIMETABLE_FREE_WORK`` units (all of it above ``TIMETABLE_UNCHARGED`` nodes).
+    ``thorough=False``: as above ``TIMETABLE_SMALL`` nodes at any size."""
+    small = thorough and problem.n <= TIMETABLE_SMALL
     if problem.n > TIMETABLE_LARGEST or (not small and len(set(problem.forward_s.tolist())) <= 1):
         return []
     best: tuple[Candidate, bool] | None = None

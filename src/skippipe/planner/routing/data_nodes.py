@@ -94,13 +94,15 @@ def exchanged(stages: list[list[int]], d: int, x: int) -> list[list[int]]:
 
 def partners(
     problem: Problem, stages: list[list[int]], seqs: tuple[tuple[int, ...], ...], d: int, k: int | None = None,
+    thorough: bool = True,
 ) -> list[int]:
     """The exchange partners of data node ``d`` above ``MAX_NODES`` nodes: the ``k`` (default ``SHORTLIST``) fastest
     nodes outside stage 0 and the ``k`` whose cheapest round trip (own work, visits and hops,
     nothing queued) as a data node in ``d``'s place is quickest; every node outside stage 0
-    up to ``MAX_NODES`` nodes. Sorted, ties broken by node id."""
+    up to ``MAX_NODES`` nodes (``thorough=False``: the shortlist at any size). Sorted, ties
+    broken by node id."""
     others = sorted(x for s in stages[1:] for x in s)
-    if problem.n <= MAX_NODES:
+    if thorough and problem.n <= MAX_NODES:
         return others
     k = SHORTLIST if k is None else k
     forward = problem.forward_s
@@ -118,13 +120,14 @@ def partners(
 
 def data_node_search(
     problem: Problem, stages: list[list[int]], seqs: tuple[tuple[int, ...], ...], known: Score | None = None,
-    tally: list[int] | None = None,
+    tally: list[int] | None = None, thorough: bool = True,
 ) -> tuple[list[list[int]], list[Route], Score] | None:
     """An allocation whose data nodes were exchanged while that lowered the simulated score of
     the balanced routing (see the module text), with that routing and its score; None when no
     exchange helps or no balanced routing finishes. ``known``: the balanced routing's score on
     ``stages`` when the caller has it (saves routings, changes nothing); ``tally[0]`` counts the
-    balanced routings run."""
+    balanced routings run. ``thorough=False``: as above ``MAX_NODES`` nodes at any size."""
+    full = thorough and problem.n <= MAX_NODES
     start = _routed(problem, stages, seqs, VARIANTS, known, tally)
     if start is None:
         return None
@@ -133,9 +136,9 @@ def data_node_search(
     changed = False
     for _ in range(MAX_EXCHANGES):
         best: tuple[list[list[int]], list[Route], Score] | None = None
-        count = LATEST if problem.n <= MAX_NODES else LATEST_LARGE
+        count = LATEST if full else LATEST_LARGE
         latest = list(score.latest[:count]) or cur[0][:count]
-        pairs = [(d, x) for d in latest for x in partners(problem, cur, seqs, d)]
+        pairs = [(d, x) for d in latest for x in partners(problem, cur, seqs, d, thorough=full)]
         for d, x in pairs:
             trial = exchanged(cur, d, x)
             found = _routed(problem, trial, seqs, (setting,), tally=tally)

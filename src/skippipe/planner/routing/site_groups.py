@@ -1,8 +1,9 @@
-"""Clusters of ``SPLIT_NODES`` to ``decompose.DECOMPOSE_NODES`` nodes at several sites: planned
-whole and in groups, the quicker kept (method ``skippipe``).
+"""Clusters of ``SPLIT_NODES`` nodes or more at several sites: planned whole and in groups, the
+quicker kept (method ``skippipe``); above ``decompose.DECOMPOSE_NODES`` nodes in groups only.
 
-Above ``DECOMPOSE_NODES`` nodes a cluster of sites is planned in groups only
-(``decompose.decomposed_plan``). Below, one search over the whole cluster was the only plan,
+Where a cluster falls apart into islands, or above ``DECOMPOSE_NODES`` nodes into sites of at
+least ``decompose.GROUP_NODES`` nodes each, ``decompose.decomposed_plan`` plans it. Otherwise
+one search over the whole cluster was the only plan,
 and on clusters of sites it stayed far above what the sites could do alone: the 100-node
 cluster of 12 GCP regions planned at 66.31 s, while the same search on groups of about two
 regions each, merged, gives 61.90 s. Groups are not always better (a cluster with a node per
@@ -19,40 +20,89 @@ site and one slot per node: 162.96 s whole against 263.04 s in groups), so both 
 The quicker plan is kept. Under a time limit the whole search gets half of it and the group
 plans share 40 %. Not tried on one site (no hop dearer than ``decompose.TIGHT`` x the
 cheapest): groups of one site are arbitrary; nor with a fixed allocation or fixed stage sizes.
+
+Above ``DECOMPOSE_NODES`` nodes the search over the whole cluster has a small budget per node
+and plans far above the groups (global uneven, 300 nodes: 72.42 s whole, 59.82 s in groups;
+1,000 nodes: 68.55 s against 55.67 s), and both would not fit the planning-time target. So
+there the groups are planned alone, each with a quicker start (``plan_skippipe(...,
+thorough=False)``), behind the same safety net as the whole search (the ``skippipe-no-tc2``
+plan and the fallbacks on its allocation); and only where the cluster has sites
+(``has_sites``): where every node is a site of its own, groups are arbitrary.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
+
 from skippipe.errors import UserError
 from skippipe.planfile import Plan
 from skippipe.planner.problem import Problem
 from skippipe.planner.routing import decompose
-from skippipe.planner.routing.budget import default_budget
-from skippipe.planner.routing.schedule import plan_skippipe, quickest
+from skippipe.planner.routing.budget import PLANNING_SHARE, default_budget, planning_target_s
+from skippipe.planner.routing.schedule import plan_no_tc2, plan_skippipe, quickest
 from skippipe.sim import simulate
 
 SPLIT_NODES = 48  # clusters from this many nodes get the candidate
 GROUP_NODES = 16  # a group holds at least this many nodes
 CANDIDATE = "groups of sites"
+# above DECOMPOSE_NODES nodes: a node's site mates are the nodes within SITE_HOP x its cheapest
+# hop, and the cluster has sites when the median node has SITE_MATES mates or more (measured on
+# generated clusters of 201-800 nodes: 3-6 with one node per site, 9-11 with sites of 10 nodes)
+SITE_HOP = 1.05
+SITE_MATES = 7
+# above DECOMPOSE_NODES nodes the groups are planned only while their estimated planning CPU,
+# GROUP_START_S x n^2 x S summed over the groups of distinct costs, fits PLANNING_SHARE of the
+# planning-time target (the starts dominate it). Measured on the 2-core machine over the whole
+# grouped plan, safety net included, on six clusters of 201-1,000 nodes: 0.23-0.43 ms with
+# uneven compute, 0.27 ms with even compute (no timetable or data-node exchanges there)
+GROUP_START_S_UNEVEN = 0.45e-3
+GROUP_START_S_EVEN = 0.3e-3
+
+
+def has_sites(transfer_s: np.ndarray) -> bool:
+    """Whether the median node has ``SITE_MATES`` site mates or more (see above)."""
+    hops = np.where(np.eye(transfer_s.shape[0], dtype=bool), np.inf, 0.5 * (transfer_s + transfer_s.T))
+    mates = (hops <= SITE_HOP * hops.min(axis=1, keepdims=True)).sum(axis=1)
+    return float(np.median(mates)) >= SITE_MATES
+
+
+def grouped_cpu_estimate(problem: Problem, groups: list[list[int]]) -> float:
+    """The estimated planning CPU seconds of ``grouped_plan`` (see ``GROUP_START_S_UNEVEN``);
+    infinite when the stages cannot be dealt over the groups."""
+    sizes = decompose.apportion(problem.stage_sizes, groups, 1.0 / problem.forward_s)
+    if sizes is None:
+        return float("inf")
+    distinct = {decompose.cost_key(decompose.sub_problem(problem, g, row)): len(g) for g, row in zip(groups, sizes)}
+    even = len(set(problem.forward_s.tolist())) <= 1
+    per_unit = GROUP_START_S_EVEN if even else GROUP_START_S_UNEVEN
+    return per_unit * problem.num_stages * sum(n * n for n in distinct.values())
 
 
 def site_groups(problem: Problem) -> list[list[int]] | None:
     """The groups of the candidate, or None where it is not tried (see the module text)."""
     if problem.fixed_stages is not None or problem.workload.stage_sizes is not None:
         return None
-    if not SPLIT_NODES <= problem.n <= decompose.DECOMPOSE_NODES:
+    if problem.n < SPLIT_NODES or decompose.tight(problem.transfer_s, [list(range(problem.n))]):
         return None
-    if decompose.tight(problem.transfer_s, [list(range(problem.n))]):
+    large = problem.n > decompose.DECOMPOSE_NODES
+    if large and not has_sites(problem.transfer_s):
         return None
     groups = decompose.locality_groups(problem.transfer_s, max(GROUP_NODES, problem.num_stages))
-    return groups if len(groups) >= 2 else None
+    if len(groups) < 2:
+        return None
+    if large and grouped_cpu_estimate(problem, groups) > PLANNING_SHARE * planning_target_s(problem.n):
+        return None
+    return groups
 
 
-def grouped_plan(problem: Problem, groups: list[list[int]], seed: int, time_limit_s: float | None) -> Plan | None:
+def grouped_plan(
+    problem: Problem, groups: list[list[int]], seed: int, time_limit_s: float | None, thorough: bool = True
+) -> Plan | None:
     """The merged plan of ``groups`` (step 2 of the module text), simulated; None when the
-    stages cannot be dealt over the groups or a group cannot be planned."""
+    stages cannot be dealt over the groups or a group cannot be planned. ``thorough``: the
+    start of each group's search (``plan_skippipe``)."""
     sizes = decompose.apportion(problem.stage_sizes, groups, 1.0 / problem.forward_s)
     if sizes is None:
         return None
@@ -63,7 +113,7 @@ def grouped_plan(problem: Problem, groups: list[list[int]], seed: int, time_limi
     def plan_group(sub: Problem) -> Plan:
         key = decompose.cost_key(sub)
         if key not in planned:
-            planned[key] = plan_skippipe(sub, seed=seed, time_limit_s=share, budget=budget)
+            planned[key] = plan_skippipe(sub, seed=seed, time_limit_s=share, budget=budget, thorough=thorough)
         return planned[key]
 
     try:
@@ -84,11 +134,18 @@ def plan_whole_or_grouped(
     problem: Problem, seed: int, time_limit_s: float | None,
     fallbacks: Callable[[list[list[int]]], list[tuple[str, Plan]]],
 ) -> Plan:
-    """Method ``skippipe`` below ``DECOMPOSE_NODES`` nodes: the whole cluster's plan, or the
-    grouped one where the candidate is tried and quicker (see the module text)."""
+    """Method ``skippipe`` where ``decompose.plan_in_groups`` does not split the cluster: the
+    whole cluster's plan, or the grouped one where the candidate is tried and quicker (see the
+    module text)."""
     groups = site_groups(problem)
     if groups is None:
         return plan_skippipe(problem, seed=seed, time_limit_s=time_limit_s, fallbacks=fallbacks)
+    if problem.n > decompose.DECOMPOSE_NODES:
+        split = grouped_plan(problem, groups, seed, time_limit_s, thorough=False)
+        if split is None:
+            return plan_skippipe(problem, seed=seed, time_limit_s=time_limit_s, fallbacks=fallbacks)
+        base = plan_no_tc2(problem, seed=seed)
+        return quickest(split, [("no-tc2", base), *fallbacks(base.stages)])
     half = None if time_limit_s is None else 0.5 * time_limit_s
     budget = None if time_limit_s is not None else max(1, default_budget(problem) // 2)
     whole = plan_skippipe(problem, seed=seed, time_limit_s=half, budget=budget, fallbacks=fallbacks)
