@@ -27,7 +27,9 @@ and plans far above the groups (global uneven, 300 nodes: 72.42 s whole, 59.82 s
 there the groups are planned alone, each with a quicker start (``plan_skippipe(...,
 thorough=False)``), behind the same safety net as the whole search (the ``skippipe-no-tc2``
 plan and the fallbacks on its allocation); and only where the cluster has sites
-(``has_sites``): where every node is a site of its own, groups are arbitrary.
+(``has_sites``: where every node is a site of its own, groups are arbitrary) and the groups'
+estimated planning fits the planning-time target (``grouped_cpu_estimate``; else the whole
+search, as before).
 """
 
 from __future__ import annotations
