@@ -41,6 +41,11 @@ class Problem:
     def fixed_stages(self) -> list[list[int]] | None:
         return self.cluster.stages
 
+    @property
+    def even_compute(self) -> bool:
+        """Whether every node computes at the same speed."""
+        return len(set(self.forward_s.tolist())) <= 1
+
     def costs(self) -> Costs:
         cm = self.cost_model
         return Costs(

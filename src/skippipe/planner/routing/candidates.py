@@ -156,7 +156,7 @@ def data_node_candidate(
     exchanged for other nodes while the simulator says it helps (``routing.data_nodes``), when
     the cluster fixes no allocation and compute is uneven; above ``DATA_NODES_MAX_NODES`` nodes
     its routings are charged to ``limits``. ``thorough=False``: the shortlist at any size."""
-    if problem.fixed_stages is not None or problem.n > DATA_NODES_LARGEST or len(set(problem.forward_s.tolist())) <= 1:
+    if problem.fixed_stages is not None or problem.n > DATA_NODES_LARGEST or problem.even_compute:
         return None
     starts = [c for c in cands if c.balanced]
     if not starts:
@@ -226,7 +226,7 @@ def timetable_candidates(
     ``TIMETABLE_FREE_WORK`` units (all of it above ``TIMETABLE_UNCHARGED`` nodes).
     ``thorough=False``: as above ``TIMETABLE_SMALL`` nodes at any size."""
     small = thorough and problem.n <= TIMETABLE_SMALL
-    if problem.n > TIMETABLE_LARGEST or (not small and len(set(problem.forward_s.tolist())) <= 1):
+    if problem.n > TIMETABLE_LARGEST or (not small and problem.even_compute):
         return []
     best: tuple[Candidate, bool] | None = None
     seen: list[list[list[int]]] = []

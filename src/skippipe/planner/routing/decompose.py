@@ -358,5 +358,14 @@ def plan_in_groups(
     if split is None:
         return None
     split.predicted_makespan_s = float(simulate(split, record=False, bound=False).makespan_s)
+    return behind_safety_net(problem, split, seed, fallbacks)
+
+
+def behind_safety_net(
+    problem: Problem, split: Plan, seed: int, fallbacks: Callable[[list[list[int]]], list[tuple[str, Plan]]]
+) -> Plan:
+    """A simulated plan of the groups, unless the ``skippipe-no-tc2`` plan or a fallback on its
+    allocation is quicker (the safety net of ``plan_skippipe``, for plans of the whole cluster
+    in parts)."""
     base = plan_no_tc2(problem, seed=seed)
     return quickest(split, [("no-tc2", base), *fallbacks(base.stages)])

@@ -43,7 +43,7 @@ from skippipe.planfile import Plan
 from skippipe.planner.problem import Problem
 from skippipe.planner.routing import decompose
 from skippipe.planner.routing.budget import PLANNING_SHARE, default_budget, planning_target_s
-from skippipe.planner.routing.schedule import plan_no_tc2, plan_skippipe, quickest
+from skippipe.planner.routing.schedule import plan_skippipe, quickest
 from skippipe.sim import simulate
 
 SPLIT_NODES = 48  # clusters from this many nodes get the candidate
@@ -77,8 +77,7 @@ def grouped_cpu_estimate(problem: Problem, groups: list[list[int]]) -> float:
     if sizes is None:
         return float("inf")
     distinct = {decompose.cost_key(decompose.sub_problem(problem, g, row)): len(g) for g, row in zip(groups, sizes)}
-    even = len(set(problem.forward_s.tolist())) <= 1
-    per_unit = GROUP_START_S_EVEN if even else GROUP_START_S_UNEVEN
+    per_unit = GROUP_START_S_EVEN if problem.even_compute else GROUP_START_S_UNEVEN
     return per_unit * problem.num_stages * sum(n * n for n in distinct.values())
 
 
@@ -146,8 +145,7 @@ def plan_whole_or_grouped(
         split = grouped_plan(problem, groups, seed, time_limit_s, thorough=False)
         if split is None:
             return plan_skippipe(problem, seed=seed, time_limit_s=time_limit_s, fallbacks=fallbacks)
-        base = plan_no_tc2(problem, seed=seed)
-        return quickest(split, [("no-tc2", base), *fallbacks(base.stages)])
+        return decompose.behind_safety_net(problem, split, seed, fallbacks)
     half = None if time_limit_s is None else 0.5 * time_limit_s
     budget = None if time_limit_s is not None else max(1, default_budget(problem) // 2)
     whole = plan_skippipe(problem, seed=seed, time_limit_s=half, budget=budget, fallbacks=fallbacks)
