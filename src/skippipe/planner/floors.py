@@ -51,6 +51,7 @@ from skippipe.planner.relaxed_floors import capacity_floor, relaxed_lags, relaxe
 from skippipe.planner.routed_floor import MAX_PATHS, path_count, routed_set_floor
 from skippipe.planner.set_floor import SetFloor, closed_floor, solved_floor
 from skippipe.planner.set_trips import SetTrips
+from skippipe.planner.slot_time_floor import slot_time_floor
 from skippipe.workload import workload_from_dict
 
 ROUTED_SETS = 20_000  # data-node sets ranked for the routed floor at most
@@ -76,6 +77,7 @@ class FreeFloor:
     exact_trips: bool = True  # round trips enumerated (else: solved_trips or relaxed lower bounds)
     capacity_s: float = 0.0  # the capacity floor (already counted in value)
     solved_trips: bool = False  # not enumerated, but the fastest ones solved exactly (``cycle_trips``)
+    slot_time_s: float = 0.0  # the slot-time floor (``slot_time_floor``, already counted in value)
 
 
 def _round_trips(problem: Problem) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -162,8 +164,10 @@ def free_allocation_floor(problem: Problem, max_sets: int = 200_000, max_tuples:
         _set_free(problem, tf, out, back)
         order = np.argsort(tf, kind="stable")
         cap = capacity_floor(problem, tf)
-        return FreeFloor(max(cap, float(tf[order[D - 1]])), tuple(int(x) for x in order[:D]), False, exact, cap,
-                         solved_trips=solved)
+        value = max(cap, float(tf[order[D - 1]]))
+        slot_time = slot_time_floor(problem, tf, value)
+        return FreeFloor(max(value, slot_time), tuple(int(x) for x in order[:D]), False, exact, cap,
+                         solved_trips=solved, slot_time_s=slot_time)
     sets = set_floors(problem, exact)
     cap = capacity_floor(problem, sets.tf)
     if 0 < path_count(problem) <= MAX_PATHS and math.comb(n, D) <= ROUTED_SETS:
@@ -178,7 +182,10 @@ def free_allocation_floor(problem: Problem, max_sets: int = 200_000, max_tuples:
                 best = (val, data)
             if best[0] <= cap:
                 break  # the capacity floor decides
-    return FreeFloor(max(cap, best[0]), tuple(int(x) for x in best[1]), True, exact, cap, solved_trips=solved)
+    value = max(cap, best[0])
+    slot_time = slot_time_floor(problem, sets.tf, value)
+    return FreeFloor(max(value, slot_time), tuple(int(x) for x in best[1]), True, exact, cap, solved_trips=solved,
+                     slot_time_s=slot_time)
 
 
 def set_floors(problem: Problem, exact: bool = True) -> SetFloor:

@@ -1,0 +1,144 @@
+"""The slot-time floor: round trips and visits must fit in the time of the activation slots.
+
+A floor over every allocation, for ``floors.free_allocation_floor``. The other floors give
+each data node its fastest round trips; where every data node runs its microbatches nearly one
+at a time (few slots) and the TC1 caps (visits in proportion to speed) force visits onto slow
+nodes, the round trips cannot all be fast, and this floor counts it.
+
+A slot is held from a microbatch's forward on a node to its backward there, and the node runs
+that backward next, so the spans from forward start to backward end of the microbatches that
+take one slot do not overlap. On a data node d with k = min(M_d, m) slots, the m round trips
+(own work, visits and hops) therefore sum to at most k x T. On a node x outside stage 0 a visit
+at position p of its path holds a slot through its own forward and backward, the L-1-p visits
+after it, the loss and the L-p hops out and back (each at least the cheapest), all within
+``[head_x, T - tail_x]`` (``relaxed_floors.heads_and_tails``).
+
+For a makespan T this is a linear programme over every allocation: c[x, p] visits of node x at
+path position p (D x m at each position), y[x] in [0, 1] the share of x in stage 0 (sum D,
+only nodes whose own floor ``trip_floor`` fits T), and per node x
+
+- visits ``sum_p c[x, p] <= cap_x (1 - y[x])``, cap_x the least of the operations that fit
+  its window (``relaxed_floors.capacity_floor``) and its TC1 cap (its speed's share of the
+  visits, the stage-0 nodes leaving the fastest D out of the share);
+- slot time ``sum_p c[x, p] hold[x, p] <= M_x window_x (1 - y[x])``;
+
+and over the cluster
+
+- every hold, each visit counted once per position it follows up to:
+  ``sum c[x, p] p visit_x + D m (P loss + sum_p (P - p + 1) hop) <= sum_x M_x window_x (1 - y[x])``;
+- the round trips: ``sum c[x, p] (visit_x + half_x) + sum_x y[x] m (own_x + half_x) <= T sum_x y[x] k_x``,
+  ``half_x`` half of x's two cheapest hops out and back (every node of a round trip's cycle of
+  L >= 3 distinct nodes has two of its edges; with L = 2, its cheapest one).
+
+Any plan that finishes by T gives a solution, so the least T with a solution (bisection) bounds
+every plan. The programme has N x (L - 1) + N variables; it is solved once at the other floors'
+value and the bisection runs only where that is infeasible.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from scipy.optimize import linprog
+from scipy.sparse import coo_matrix
+
+from skippipe.planner.problem import Problem
+from skippipe.planner.relaxed_floors import heads_and_tails, round_trip_terms
+
+REL_TOL = 1e-7  # the bisection stops within this share of the makespan
+# a solver's "infeasible" is trusted only this far (the floor returned is lowered by it)
+SAFETY = 1e-6
+
+
+class _Programme:
+    """The linear programme of the module text, for any makespan T."""
+
+    def __init__(self, problem: Problem, trip_floors: np.ndarray) -> None:
+        w = problem.workload
+        cm = problem.cost_model
+        n, P = problem.n, w.path_length - 1
+        D, m = int(problem.stage_sizes[0]), w.microbatches_per_data_node
+        f = np.asarray(problem.forward_s, dtype=float)
+        edge, visit, own, _ = round_trip_terms(problem)
+        edge = edge.copy()
+        np.fill_diagonal(edge, math.inf)
+        cheapest = np.sort(edge, axis=1)
+        half = cheapest[:, 0] if P == 1 else cheapest[:, :2].sum(axis=1) / 2.0
+        hop, loss = float(cheapest[:, 0].min()), cm.loss_factor * float(f.min())
+        pos = np.arange(1, P + 1)
+        self.n, self.P, self.D, self.m = n, P, D, m
+        self.og, self.visit = cm.op_gap_s, visit
+        self.head, self.tail = heads_and_tails(problem)
+        self.slots = np.asarray(problem.memory, dtype=float)
+        self.k = np.minimum(self.slots, m)
+        self.trip_floors = trip_floors
+        # hold[x, p-1]: the visit, the visits after it, its hop and the cheapest others, the loss
+        self.hold = (visit[:, None] + (P - pos)[None, :] * (float(visit.min()) + hop)
+                     + cheapest[:, :1] + loss)
+        self.position_weight = pos[None, :] * visit[:, None]
+        self.fixed_hold = D * m * (P * loss + hop * float((P - pos + 1).sum()))
+        self.trip_visit = visit + half
+        self.trip_own = m * (own + half)
+        speed = 1.0 / f
+        others = speed.sum() - np.sort(speed)[::-1][:D].sum()
+        visits = D * m * P
+        self.tc1 = np.maximum(1.0, np.ceil(visits * speed / others - 1e-9)) if others > 0 else np.full(n, np.inf)
+
+    def feasible(self, T: float) -> bool:
+        n, P = self.n, self.P
+        window = np.maximum(0.0, T - self.head - self.tail)
+        cap = np.minimum(np.maximum(0.0, np.floor((window + self.og) / (self.visit + 2 * self.og) + 1e-9)), self.tc1)
+        eligible = self.trip_floors <= T + 1e-12
+        if eligible.sum() < self.D:
+            return False
+        slot_time = self.slots * window
+        c = np.arange(n * P).reshape(n, P)  # variable index of c[x, p]; y[x] is n * P + x
+        y = n * P + np.arange(n)
+        rows, cols, vals = [], [], []
+
+        def add(row, col, val) -> None:
+            rows.append(np.broadcast_to(row, np.shape(col)).ravel())
+            cols.append(np.ravel(col))
+            vals.append(np.broadcast_to(val, np.shape(col)).ravel())
+
+        x = np.arange(n)[:, None]
+        add(x, c, 1.0)  # visits of x
+        add(np.arange(n), y, cap)
+        add(n + x, c, self.hold)  # slot time of x
+        add(n + np.arange(n), y, slot_time)
+        add(2 * n, c, self.position_weight)  # every hold
+        add(2 * n, y, -slot_time)
+        add(2 * n + 1, c, np.broadcast_to(self.trip_visit[:, None], (n, P)))  # the round trips
+        add(2 * n + 1, y, self.trip_own - T * self.k)
+        a_ub = coo_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(2 * n + 2, n * P + n))
+        b_ub = np.concatenate([cap, slot_time, [slot_time.sum() - self.fixed_hold, 0.0]])
+        eq_rows = np.concatenate([np.broadcast_to(np.arange(P), (n, P)).ravel(), np.full(n, P)])
+        eq_cols = np.concatenate([c.ravel(), y])
+        a_eq = coo_matrix((np.ones(len(eq_cols)), (eq_rows, eq_cols)), shape=(P + 1, n * P + n))
+        b_eq = np.concatenate([np.full(P, float(self.D * self.m)), [float(self.D)]])
+        bounds = [(0.0, None)] * (n * P) + [(0.0, 1.0 if ok else 0.0) for ok in eligible]
+        result = linprog(np.zeros(n * P + n), A_ub=a_ub.tocsr(), b_ub=b_ub, A_eq=a_eq.tocsr(), b_eq=b_eq,
+                         bounds=bounds, method="highs")
+        return bool(result.status != 2)  # only a proven infeasibility rules T out
+
+
+def slot_time_floor(problem: Problem, trip_floors: np.ndarray, at_least: float) -> float:
+    """The least makespan, at least ``at_least``, that the slot-time programme allows (see the
+    module text); ``trip_floors[x]``: a floor of x's own finish as a data node."""
+    if problem.workload.path_length < 2 or not math.isfinite(at_least) or at_least <= 0:
+        return at_least
+    programme = _Programme(problem, np.asarray(trip_floors, dtype=float))
+    if programme.feasible(at_least):
+        return at_least
+    lo, hi = at_least, 2.0 * at_least
+    for _ in range(60):
+        if programme.feasible(hi):
+            break
+        lo, hi = hi, 2.0 * hi
+    else:
+        return lo * (1.0 - SAFETY)
+    while hi - lo > REL_TOL * hi:
+        mid = 0.5 * (lo + hi)
+        lo, hi = (lo, mid) if programme.feasible(mid) else (mid, hi)
+    return lo * (1.0 - SAFETY)

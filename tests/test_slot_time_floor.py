@@ -1,0 +1,75 @@
+"""The slot-time floor: round trips and visits must fit in the time of the activation slots."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import skippipe.planner.floors as floors
+from cluster_strategies import generated_problems
+from skippipe.cluster_gen import single_site_cluster
+from skippipe.errors import UserError
+from skippipe.planner.floors import free_allocation_floor, set_floors
+from skippipe.planner.methods import make_plan, with_allocation
+from skippipe.planner.problem import build_problem
+from skippipe.planner.slot_time_floor import slot_time_floor
+from skippipe.workload import Workload
+
+
+def _one_slot_each():
+    # 10 nodes of one site, speeds 0.5-2x, one slot each: every data node runs its 4 round
+    # trips one at a time, and the TC1 caps send a share of the visits to the slow nodes
+    cluster = single_site_cluster(10, seed=181, speed=(0.5, 2.0), memory=(1, 1))
+    return build_problem(cluster, Workload(num_stages=3, path_length=3, microbatches_per_data_node=4,
+                                           max_swaps=1, max_jump=2))
+
+
+def _random_allocation(problem, rng):
+    order = [int(x) for x in rng.permutation(problem.n)]
+    stages, at = [], 0
+    for size in problem.stage_sizes:
+        stages.append(sorted(order[at:at + size]))
+        at += size
+    return stages
+
+
+def test_one_slot_per_node_raises_the_floor_and_every_plan_stays_above(monkeypatch):
+    problem = _one_slot_each()
+    floor = free_allocation_floor(problem)
+    monkeypatch.setattr(floors, "slot_time_floor", lambda p, tf, at_least: at_least)
+    without = free_allocation_floor(problem).value
+    assert floor.value == floor.slot_time_s
+    assert floor.value > 1.03 * without  # 80.91 -> 84.26 s
+    rng = np.random.default_rng(0)
+    made = [make_plan(method, problem, seed=0).predicted_makespan_s for method in ("skippipe-no-tc2", "skippipe")]
+    for _ in range(20):
+        allocated = with_allocation(problem, _random_allocation(problem, rng))
+        for method in ("naive", "skippipe-no-tc2"):
+            try:
+                made.append(make_plan(method, allocated, seed=0).predicted_makespan_s)
+            except UserError:  # no routing under the caps on this allocation
+                continue
+    assert len(made) > 10
+    assert floor.value <= min(made) + 1e-6  # skippipe: 88.76 s
+
+
+def test_where_the_slots_are_plenty_the_floor_stays():
+    problem = _one_slot_each()
+    roomy = build_problem(single_site_cluster(10, seed=181, speed=(0.5, 2.0), memory=(4, 4)), problem.workload)
+    floor = free_allocation_floor(roomy)
+    assert slot_time_floor(roomy, set_floors(roomy).tf, floor.value) == floor.value
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(generated_problems(stages=(3, 5), max_path=4, extra_nodes=2, max_nodes=12),
+       st.sampled_from(["naive", "random", "skippipe-no-tc2"]), st.integers(0, 10_000))
+def test_slot_time_floor_is_below_every_plan(problem, method, seed):
+    # the programme alone (from a floor of almost nothing), against a plan on any allocation
+    value = slot_time_floor(problem, set_floors(problem).tf, 1e-3)
+    try:
+        plan = make_plan(method, with_allocation(problem, _random_allocation(problem, np.random.default_rng(seed))),
+                         seed=0)
+    except UserError:  # no valid path, caps or memory deadlock on this allocation: nothing to bound
+        return
+    assert value <= plan.predicted_makespan_s + 1e-6
