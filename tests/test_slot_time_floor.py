@@ -40,7 +40,7 @@ def test_one_slot_per_node_raises_the_floor_and_every_plan_stays_above(monkeypat
     monkeypatch.setattr(floors, "slot_time_floor", lambda p, tf, at_least: at_least)
     without = free_allocation_floor(problem).value
     assert floor.value == floor.slot_time_s
-    assert floor.value > 1.03 * without  # 80.91 -> 84.26 s
+    assert floor.value > 1.03 * without  # 80.91 -> 85.57 s
     rng = np.random.default_rng(0)
     made = [make_plan(method, problem, seed=0).predicted_makespan_s for method in ("skippipe-no-tc2", "skippipe")]
     for _ in range(20):
