@@ -116,7 +116,13 @@ def shared_caps(forward_s: np.ndarray, others: Sequence[int] | np.ndarray, visit
     """TC1 caps of the nodes ``others`` (those outside stage 0): ``visits`` shared in proportion
     to speed (1 / forward time), rounded up, at least 1 (``Problem.load_caps``)."""
     speed = 1.0 / np.asarray(forward_s, dtype=float)[np.asarray(others, dtype=int)]
-    return np.maximum(1, np.ceil(visits * speed / speed.sum() - 1e-9)).astype(int)
+    return tc1_caps(speed, visits, float(speed.sum())).astype(int)
+
+
+def tc1_caps(speed: np.ndarray, visits: int, total_speed: float) -> np.ndarray:
+    """The TC1 rule: nodes of these speeds get ``visits`` in proportion to their share of
+    ``total_speed`` (the speed of every node outside stage 0), rounded up, at least 1."""
+    return np.maximum(1.0, np.ceil(visits * speed / total_speed - 1e-9))
 
 
 def build_problem(cluster: Cluster, workload: Workload, cost_model: CostModel | None = None) -> Problem:

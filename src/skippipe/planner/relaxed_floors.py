@@ -45,7 +45,8 @@ def round_trip_terms(problem: Problem) -> tuple[np.ndarray, np.ndarray, np.ndarr
     return t + t.T, visit, own, cm.inject_gap_s + cm.op_gap_s
 
 
-def _edges(problem: Problem) -> np.ndarray:
+def hop_edges(problem: Problem) -> np.ndarray:
+    """``round_trip_terms``' edges with no edge from a node to itself (infinite)."""
     edge = round_trip_terms(problem)[0]
     np.fill_diagonal(edge, math.inf)
     return edge
@@ -75,7 +76,7 @@ def relaxed_round_trips(problem: Problem) -> tuple[np.ndarray, np.ndarray]:
     """Lower bounds on R0[d] and RA[d, x] of ``floors._round_trips`` (see the module text)."""
     n = problem.n
     hops = problem.workload.path_length - 1
-    edge = _edges(problem)
+    edge = hop_edges(problem)
     _, visit, own, gaps = round_trip_terms(problem)
     nodes = np.arange(n)
     if hops <= 1:
@@ -128,6 +129,12 @@ def heads_and_tails(problem: Problem) -> tuple[np.ndarray, np.ndarray]:
     return head, tail
 
 
+def served_visits(T: float, head: np.ndarray, tail: np.ndarray, visit: np.ndarray, og: float) -> np.ndarray:
+    """The most visits each node can serve by time T: a forward and a backward each, an
+    ``og`` gap after every operation but the last, all between ``head`` and ``T - tail``."""
+    return np.maximum(0.0, np.floor((T - head - tail + og) / (visit + 2 * og) + 1e-9))
+
+
 def capacity_floor(problem: Problem, trip_floors: np.ndarray, tol: float = 1e-6) -> float:
     """The least T at which D data nodes finish their own work and the others can serve every
     visit (see the module text); a floor over every allocation."""
@@ -141,12 +148,11 @@ def capacity_floor(problem: Problem, trip_floors: np.ndarray, tol: float = 1e-6)
     og = cm.op_gap_s
     head, tail = heads_and_tails(problem)
     _, visit, _, _ = round_trip_terms(problem)
-    per = visit + 2 * og
-    hold = visit + _edges(problem).min(axis=1) + cm.loss_factor * f.min()
+    hold = visit + hop_edges(problem).min(axis=1) + cm.loss_factor * f.min()
     slots = np.asarray(problem.memory, dtype=float)
 
     def feasible(T: float) -> bool:
-        cap = np.maximum(0.0, np.floor((T - head - tail + og) / per + 1e-9))
+        cap = served_visits(T, head, tail, visit, og)
         cap = np.minimum(cap, slots * np.maximum(0.0, np.floor((T - head - tail) / hold + 1e-9)))
         eligible = np.flatnonzero(trip_floors <= T + 1e-12)
         if len(eligible) < D:

@@ -18,8 +18,8 @@ path position p (D x m at each position), y[x] in [0, 1] the share of x in stage
 only nodes whose own floor ``trip_floor`` fits T), and per node x
 
 - visits ``sum_p c[x, p] <= cap_x (1 - y[x])``, cap_x the least of the operations that fit
-  its window (``relaxed_floors.capacity_floor``) and its TC1 cap (its speed's share of the
-  visits among the nodes outside stage 0, see below);
+  its window (``relaxed_floors.served_visits``) and its TC1 cap (``problem.tc1_caps``: its
+  speed's share of the visits among the nodes outside stage 0, see below);
 - slot time ``sum_p c[x, p] hold[x, p] <= M_x window_x (1 - y[x])``;
 
 and over the cluster
@@ -51,8 +51,8 @@ import numpy as np
 from scipy.optimize import linprog
 from scipy.sparse import coo_matrix
 
-from skippipe.planner.problem import Problem
-from skippipe.planner.relaxed_floors import heads_and_tails, round_trip_terms
+from skippipe.planner.problem import Problem, tc1_caps
+from skippipe.planner.relaxed_floors import heads_and_tails, hop_edges, round_trip_terms, served_visits
 
 SPEED_BINS = 8  # ranges of the stage-0 speed sum, each its own programme (its TC1 caps)
 REL_TOL = 1e-6  # the bisection stops within this share of the makespan
@@ -69,10 +69,8 @@ class _Programme:
         n, P = problem.n, w.path_length - 1
         D, m = int(problem.stage_sizes[0]), w.microbatches_per_data_node
         f = np.asarray(problem.forward_s, dtype=float)
-        edge, visit, own, _ = round_trip_terms(problem)
-        edge = edge.copy()
-        np.fill_diagonal(edge, math.inf)
-        cheapest = np.sort(edge, axis=1)
+        _, visit, own, _ = round_trip_terms(problem)
+        cheapest = np.sort(hop_edges(problem), axis=1)
         half = cheapest[:, 0] if P == 1 else cheapest[:, :2].sum(axis=1) / 2.0
         hop, loss = float(cheapest[:, 0].min()), cm.loss_factor * float(f.min())
         pos = np.arange(1, P + 1)
@@ -109,9 +107,8 @@ class _Programme:
         n, P = self.n, self.P
         window = np.maximum(0.0, T - self.head - self.tail)
         others = self.speed.sum() - high
-        visits = self.D * self.m * P
-        tc1 = np.maximum(1.0, np.ceil(visits * self.speed / others - 1e-9)) if others > 1e-12 else np.inf
-        cap = np.minimum(np.maximum(0.0, np.floor((window + self.og) / (self.visit + 2 * self.og) + 1e-9)), tc1)
+        tc1 = tc1_caps(self.speed, self.D * self.m * P, others) if others > 1e-12 else np.inf
+        cap = np.minimum(served_visits(T, self.head, self.tail, self.visit, self.og), tc1)
         slot_time = self.slots * window
         c = np.arange(n * P).reshape(n, P)  # variable index of c[x, p]; y[x] is n * P + x
         y = n * P + np.arange(n)
