@@ -51,6 +51,26 @@ def test_timeouts_name_the_node_most_of_them_waited_for_whatever_the_wording():
 
 
 
+def test_a_chain_of_timeouts_names_the_node_at_its_end():
+    # node 4 froze; node 0 timed out waiting for it and exited, then nodes 2 and 3 timed out waiting for node 0
+    v = verdict([
+        _ended(0, 3, MessageTimeout((4,), 5.0, "no gradients")), _ended(1, None),
+        _ended(2, 3, MessageTimeout((0, 1), 5.0, "no activations")), _ended(3, 3, MessageTimeout((0,), 5.0, "x")),
+        _ended(4, None), _ended(5, None), _ended(6, None),
+    ])
+    assert (v.node, v.kind) == (4, FaultKind.MESSAGE_TIMEOUT)
+    assert v.message.startswith("node 4 stopped answering (still running); node(s) 0 waited for it: nothing arrived")
+    # the chain ends in a barrier timeout: the one node still running went silent
+    barrier = "the barrier that starts iteration 4 did not complete"
+    v = verdict([_ended(0, 3, MessageTimeout((), 5.0, barrier)), _ended(2, 3, MessageTimeout((0,), 5.0, "x")),
+                 _ended(3, 3, MessageTimeout((0,), 5.0, "x")), _ended(4, None)])
+    assert v.node == 4 and v.message.startswith("node 4 stopped answering (still running); node(s) 0, 2, 3 waited")
+    # a cycle of timeouts ends where it started (no node to follow to)
+    v = verdict([_ended(0, 3, MessageTimeout((1,), 5.0, "x")), _ended(1, 3, MessageTimeout((0,), 5.0, "x")),
+                 _ended(2, None), _ended(3, None)])
+    assert v.node in (0, 1)
+
+
 def test_a_barrier_timeout_names_the_one_node_still_running():
     barrier = "the barrier that starts iteration 4 did not complete"
     v = verdict([_ended(0, 3, MessageTimeout((), 5.0, barrier)), _ended(1, 3, MessageTimeout((), 5.0, barrier)),

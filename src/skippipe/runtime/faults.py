@@ -182,7 +182,8 @@ def verdict(workers: list[Ended]) -> Verdict:
     2. A worker that failed on its own (a crash, bad input, or no status at all) is the cause.
     3. Diverged training is the run's fault, not a node's.
     4. Otherwise every failed worker lost, waited for or refused a peer: the peer most of them
-       point at is named; timeouts count first (errors after a timeout are echoes of it).
+       point at is named; timeouts count first (errors after a timeout are echoes of it). A node
+       named that itself timed out was waiting too: the chain is followed to its end.
     5. Timeouts that name no peer (a barrier) while exactly one worker is still running: that
        worker went silent.
     """
@@ -214,7 +215,9 @@ def verdict(workers: list[Ended]) -> Verdict:
     if pointing:
         votes = Counter(p for w in pointing for p in (w.status.peers if w.status is not None else ()))
         suspect = min(votes, key=lambda p: (-votes[p], p))
+        suspect = _end_of_wait_chain(suspect, failed, running, votes)
         waiting = [w for w in pointing if w.status is not None and suspect in w.status.peers]
+        waiting = waiting or [w for w in failed if w.status is not None and w.status.kind == FaultKind.MESSAGE_TIMEOUT]
     elif len(running) == 1 and all(w.status is not None and w.status.kind == FaultKind.MESSAGE_TIMEOUT for w in failed):
         # a collective (the iteration barrier) timed out everywhere but on one node that is
         # still running: that node is the one that went silent (frozen, not dead)
@@ -232,6 +235,24 @@ def verdict(workers: list[Ended]) -> Verdict:
         return Verdict(f"node {suspect} sent messages the plan does not allow; node(s) {nodes} refused them: {detail}",
                        suspect, kind)
     return Verdict(f"node {suspect} stopped answering ({state}); node(s) {nodes} waited for it: {detail}", suspect, kind)
+
+
+def _end_of_wait_chain(suspect: int, failed: list[Ended], running: list[int], votes: Counter[int]) -> int:
+    """The node at the end of a chain of timeouts: a suspect that itself timed out was waiting
+    too (a frozen node 4 makes node 0 time out, and nodes waiting for node 0 time out after it),
+    so follow what it waited for; a barrier timeout there leads to the one node still running."""
+    timed_out = {w.node: w.status for w in failed if w.status is not None and w.status.kind == FaultKind.MESSAGE_TIMEOUT}
+    seen: set[int] = set()
+    while suspect in timed_out and suspect not in seen:
+        seen.add(suspect)
+        peers = timed_out[suspect].peers
+        if peers:
+            suspect = min(peers, key=lambda p: (-votes[p], p))
+        elif len(running) == 1:
+            return running[0]
+        else:
+            break
+    return suspect
 
 
 def _returncode(workers: list[Ended], node: int) -> int | None:
