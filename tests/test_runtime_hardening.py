@@ -65,6 +65,11 @@ def test_a_chain_of_timeouts_names_the_node_at_its_end():
     v = verdict([_ended(0, 3, MessageTimeout((), 5.0, barrier)), _ended(2, 3, MessageTimeout((0,), 5.0, "x")),
                  _ended(3, 3, MessageTimeout((0,), 5.0, "x")), _ended(4, None)])
     assert v.node == 4 and v.message.startswith("node 4 stopped answering (still running); node(s) 0, 2, 3 waited")
+    # node 0 lost node 4 (gloo's own timeout closed the pair) rather than timing out itself
+    v = verdict([_ended(0, 3, PeerLost(4, "Application timeout caused pair closure")),
+                 _ended(2, 3, MessageTimeout((0,), 5.0, "x")), _ended(3, 3, MessageTimeout((0,), 5.0, "x")),
+                 _ended(4, None)])
+    assert v.node == 4 and v.message.startswith("node 4 stopped answering (still running); node(s) 0 waited for it")
     # a cycle of timeouts ends where it started (no node to follow to)
     v = verdict([_ended(0, 3, MessageTimeout((1,), 5.0, "x")), _ended(1, 3, MessageTimeout((0,), 5.0, "x")),
                  _ended(2, None), _ended(3, None)])

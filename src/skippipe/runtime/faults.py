@@ -183,7 +183,7 @@ def verdict(workers: list[Ended]) -> Verdict:
     3. Diverged training is the run's fault, not a node's.
     4. Otherwise every failed worker lost, waited for or refused a peer: the peer most of them
        point at is named; timeouts count first (errors after a timeout are echoes of it). A node
-       named that itself timed out was waiting too: the chain is followed to its end.
+       named that itself timed out or lost a peer was waiting too: the chain is followed to its end.
     5. Timeouts that name no peer (a barrier) while exactly one worker is still running: that
        worker went silent.
     """
@@ -210,13 +210,14 @@ def verdict(workers: list[Ended]) -> Verdict:
             return Verdict(st.message, None, FaultKind.DIVERGED)
     pointing = [w for w in failed if w.status is not None and w.status.kind in POINTS_AT_PEER and w.status.peers]
     timeouts = [w for w in pointing if w.status is not None and w.status.kind == FaultKind.MESSAGE_TIMEOUT]
-    pointing = timeouts or pointing
+    voters = timeouts or pointing
     running = [w.node for w in workers if w.returncode is None]
-    if pointing:
-        votes = Counter(p for w in pointing for p in (w.status.peers if w.status is not None else ()))
+    if voters:
+        votes = Counter(p for w in voters for p in (w.status.peers if w.status is not None else ()))
         suspect = min(votes, key=lambda p: (-votes[p], p))
         suspect = _end_of_wait_chain(suspect, failed, running, votes)
-        waiting = [w for w in pointing if w.status is not None and suspect in w.status.peers]
+        waiting = [w for w in voters if w.status is not None and suspect in w.status.peers]
+        waiting = waiting or [w for w in pointing if w.status is not None and suspect in w.status.peers]
         waiting = waiting or [w for w in failed if w.status is not None and w.status.kind == FaultKind.MESSAGE_TIMEOUT]
     elif len(running) == 1 and all(w.status is not None and w.status.kind == FaultKind.MESSAGE_TIMEOUT for w in failed):
         # a collective (the iteration barrier) timed out everywhere but on one node that is
@@ -238,17 +239,18 @@ def verdict(workers: list[Ended]) -> Verdict:
 
 
 def _end_of_wait_chain(suspect: int, failed: list[Ended], running: list[int], votes: Counter[int]) -> int:
-    """The node at the end of a chain of timeouts: a suspect that itself timed out was waiting
-    too (a frozen node 4 makes node 0 time out, and nodes waiting for node 0 time out after it),
-    so follow what it waited for; a barrier timeout there leads to the one node still running."""
-    timed_out = {w.node: w.status for w in failed if w.status is not None and w.status.kind == FaultKind.MESSAGE_TIMEOUT}
+    """The node at the end of a chain: a suspect that itself failed pointing at a peer (timed out
+    waiting, lost or refused it) was a waiter too (a frozen node 4 makes node 0 time out, and the
+    nodes waiting for node 0 time out after it), so follow what it pointed at; a barrier timeout
+    there leads to the one node still running."""
+    waiters = {w.node: w.status for w in failed if w.status is not None and w.status.kind in POINTS_AT_PEER}
     seen: set[int] = set()
-    while suspect in timed_out and suspect not in seen:
+    while suspect in waiters and suspect not in seen:
         seen.add(suspect)
-        peers = timed_out[suspect].peers
+        peers = waiters[suspect].peers
         if peers:
             suspect = min(peers, key=lambda p: (-votes[p], p))
-        elif len(running) == 1:
+        elif len(running) == 1 and waiters[suspect].kind == FaultKind.MESSAGE_TIMEOUT:
             return running[0]
         else:
             break
