@@ -12,16 +12,19 @@ from skippipe.workload import Workload, least_max_jump
 
 @st.composite
 def generated_problems(draw, stages: tuple[int, int] = (3, 6), max_path: int = 4, extra_nodes: int = 3,
-                       max_nodes: int = 16, single_site_memory: bool = True):
+                       max_nodes: int = 16, single_site_memory: bool = True, sites: bool = False):
     """A problem on a random global cluster (some links broken) or a single site, speeds
-    0.5–2x, memory 1–4 (on a single site only with ``single_site_memory``)."""
+    0.5–2x, memory 1–4 (on a single site only with ``single_site_memory``); with ``sites`` the
+    global cluster may be 2-3 sites instead of one per node, with up to 40 % of links broken."""
     s = draw(st.integers(*stages))
     shortest = next(L for L in range(2, s + 1) if least_max_jump(s, L) <= 4)  # the default max_jump reaches stage S-1
     L = draw(st.integers(shortest, max(shortest, min(s, max_path))))
     n = draw(st.integers(s + extra_nodes, max_nodes))
     seed = draw(st.integers(0, 10_000))
     if draw(st.booleans()):
-        cluster = random_global_cluster(n, seed=seed, speed=(0.5, 2.0), memory=(1, 4), broken=draw(st.sampled_from([0, 0.1])))
+        places = draw(st.sampled_from([None, 2, 3])) if sites else None
+        broken = draw(st.sampled_from([0, 0.1, 0.4] if sites else [0, 0.1]))
+        cluster = random_global_cluster(n, seed=seed, sites=places, speed=(0.5, 2.0), memory=(1, 4), broken=broken)
     elif single_site_memory:
         cluster = single_site_cluster(n, seed=seed, speed=(0.5, 2.0), memory=(1, 4))
     else:

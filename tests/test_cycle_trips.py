@@ -129,8 +129,9 @@ def test_walk_bound_raises_the_floor_with_long_paths(monkeypatch):
     cluster = random_global_cluster(60, seed=4, speed=(0.5, 2.0))
     problem = build_problem(cluster, Workload(num_stages=6, path_length=6))
     assert not solvable(problem) and trip_terms(problem) is not None
-    # the walk bound alone: the slot-time floor (which raises both values here) switched off
+    # the walk bound alone: the programme floors (which raise both values here) switched off
     monkeypatch.setattr(floors, "slot_time_floor", lambda p, tf, at_least: at_least)
+    monkeypatch.setattr(floors, "neighbour_floor", lambda p, tf, at_least: at_least)
     walked = free_allocation_floor(problem)
     monkeypatch.setattr(cycle_trips, "WALK_WORK", 0)
     relaxed = free_allocation_floor(problem)

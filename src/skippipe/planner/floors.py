@@ -23,7 +23,10 @@ below (``cycle_trips.window_walks`` up to a few hundred nodes, and
 ``relaxed_floors.relaxed_round_trips``); when the sets are too many the set-free floor is
 used (the stage-0 size-th smallest data-node floor), and the result is never below the
 capacity floor (``relaxed_floors.capacity_floor``: the visits must fit on the other nodes),
-so the floor scales to 1,000 nodes.
+so the floor scales to 1,000 nodes. Two linear programmes over every allocation raise it
+last: ``slot_time_floor`` (round trips and visits must fit the activation slots' time) and,
+up to ``neighbour_floor.MAX_NODES``, ``neighbour_floor`` (each data node's round trips, with
+who visits whom, must fit its own slots).
 It is exact reasoning on relaxed round trips, so it is valid for every allocation, path choice
 and processing order the simulator runs. On the current-code reference network it is 54.60 s:
 remote nodes (Australia) must carry 6 microbatches each, and no data node can both run its own
@@ -46,6 +49,7 @@ from skippipe.costs import CostModel
 from skippipe.errors import UserError
 from skippipe.planfile import Plan
 from skippipe.planner.cycle_trips import solvable, trip_terms
+from skippipe.planner.neighbour_floor import neighbour_floor
 from skippipe.planner.problem import Problem, build_problem
 from skippipe.planner.relaxed_floors import capacity_floor, relaxed_lags, relaxed_round_trips, round_trip_terms
 from skippipe.planner.routed_floor import MAX_PATHS, path_count, routed_set_floor
@@ -78,6 +82,7 @@ class FreeFloor:
     capacity_s: float = 0.0  # the capacity floor (already counted in value)
     solved_trips: bool = False  # not enumerated, but the fastest ones solved exactly (``cycle_trips``)
     slot_time_s: float = 0.0  # the slot-time floor (``slot_time_floor``, already counted in value)
+    neighbour_s: float = 0.0  # the neighbour floor (``neighbour_floor``, already counted in value)
 
 
 def _round_trips(problem: Problem) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -164,10 +169,9 @@ def free_allocation_floor(problem: Problem, max_sets: int = 200_000, max_tuples:
         _set_free(problem, tf, out, back)
         order = np.argsort(tf, kind="stable")
         cap = capacity_floor(problem, tf)
-        value = max(cap, float(tf[order[D - 1]]))
-        slot_time = slot_time_floor(problem, tf, value)
-        return FreeFloor(max(value, slot_time), tuple(int(x) for x in order[:D]), False, exact, cap,
-                         solved_trips=solved, slot_time_s=slot_time)
+        value, slot_time, neighbour = _programme_floors(problem, tf, max(cap, float(tf[order[D - 1]])))
+        return FreeFloor(value, tuple(int(x) for x in order[:D]), False, exact, cap, solved_trips=solved,
+                         slot_time_s=slot_time, neighbour_s=neighbour)
     sets = set_floors(problem, exact)
     cap = capacity_floor(problem, sets.tf)
     if 0 < path_count(problem) <= MAX_PATHS and math.comb(n, D) <= ROUTED_SETS:
@@ -182,10 +186,17 @@ def free_allocation_floor(problem: Problem, max_sets: int = 200_000, max_tuples:
                 best = (val, data)
             if best[0] <= cap:
                 break  # the capacity floor decides
-    value = max(cap, best[0])
-    slot_time = slot_time_floor(problem, sets.tf, value)
-    return FreeFloor(max(value, slot_time), tuple(int(x) for x in best[1]), True, exact, cap, solved_trips=solved,
-                     slot_time_s=slot_time)
+    value, slot_time, neighbour = _programme_floors(problem, sets.tf, max(cap, best[0]))
+    return FreeFloor(value, tuple(int(x) for x in best[1]), True, exact, cap, solved_trips=solved,
+                     slot_time_s=slot_time, neighbour_s=neighbour)
+
+
+def _programme_floors(problem: Problem, tf: np.ndarray, value: float) -> tuple[float, float, float]:
+    """(the floor, the slot-time floor, the neighbour floor): ``value`` raised by the two linear
+    programmes, each solved at the value so far."""
+    slot_time = slot_time_floor(problem, tf, value)
+    neighbour = neighbour_floor(problem, tf, max(value, slot_time))
+    return max(value, slot_time, neighbour), slot_time, neighbour
 
 
 def set_floors(problem: Problem, exact: bool = True) -> SetFloor:

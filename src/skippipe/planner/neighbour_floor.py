@@ -1,0 +1,148 @@
+"""The neighbour floor: each data node's round trips, with who visits whom, must fit its slots.
+
+A floor over every allocation, for ``floors.free_allocation_floor``. The other floors give
+every data node its fastest round trips on its own, or (``slot_time_floor``) pool the round
+trips of all data nodes. Where the network is split (sites joined by broken or slow links) a
+data node's round trips are fast only through the nodes near it, and those nodes can take only
+so many visits; this floor counts which data node's visits go where.
+
+As in ``slot_time_floor``, the m round trips of a data node d with k_d = min(M_d, m) slots sum
+to at most k_d x T. A round trip through the nodes x_1..x_P (P = L - 1, distinct, other than
+d) is d's own work, the visits, and a cycle of hops through d and every x_i. That cycle is at
+least half of each of its nodes' two cheapest hops (``half``), and it is at least the way
+there and back to the farthest x_i, so at least the mean over the x_i of ``2 sp(d, x_i)``
+(``sp``: shortest paths over the hops, each hop paid both ways). For a makespan T this is a
+linear programme over every allocation: z[d, x] visits of d's microbatches at x, y[d] in
+[0, 1] the share of d in stage 0 (sum D, only nodes whose own floor ``trip_floor`` fits T), and
+
+- d's visits: ``sum_x z[d, x] = m P y[d]``, at most ``m y[d]`` at one node (a path visits a
+  node once);
+- d's round trips, by either bound on the hops:
+  ``sum_x z[d, x] (visit_x + half_x) + m (own_d + half_d) y[d] <= k_d T y[d]`` and
+  ``sum_x z[d, x] (visit_x + 2 sp(d, x) / P) + m own_d y[d] <= k_d T y[d]``;
+- x's visits: ``sum_d z[d, x] <= cap_x (1 - y[x])``, cap_x the least of the visits that fit
+  its window (``relaxed_floors.served_visits``) and its TC1 cap at its largest (the stage-0
+  nodes the D fastest); and ``sum_d z[d, x] hold_x <= M_x window_x (1 - y[x])``, a visit
+  holding one of x's slots at least through its forward and backward, the cheapest hop out of
+  x and back, and the quickest loss.
+
+Any plan that finishes by T gives a solution, so the least T with one bounds every plan. The
+programme has about N^2 variables, so it runs up to ``MAX_NODES`` nodes; it is solved once at
+the other floors' value, and bisected only where that is infeasible.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from scipy.optimize import linprog
+from scipy.sparse import coo_matrix
+from scipy.sparse.csgraph import shortest_path
+
+from skippipe.planner.problem import Problem, tc1_caps
+from skippipe.planner.relaxed_floors import heads_and_tails, hop_edges, round_trip_terms, served_visits
+
+MAX_NODES = 120  # above it the programme (about N^2 variables, 0.1-5 s a solve at 100 nodes) is skipped
+REL_TOL = 1e-3  # the bisection stops within this share of the makespan
+SAFETY = 1e-6  # a solver's "infeasible" is trusted only this far (the floor returned is lowered by it)
+
+
+class _Programme:
+    """The linear programme of the module text, for any makespan T."""
+
+    def __init__(self, problem: Problem, trip_floors: np.ndarray) -> None:
+        w, cm = problem.workload, problem.cost_model
+        self.n, self.P = problem.n, w.path_length - 1
+        self.D, self.m = int(problem.stage_sizes[0]), w.microbatches_per_data_node
+        f = np.asarray(problem.forward_s, dtype=float)
+        _, self.visit, self.own, _ = round_trip_terms(problem)
+        edge = hop_edges(problem)
+        cheapest = np.sort(edge, axis=1)
+        self.half = cheapest[:, 0] if self.P == 1 else cheapest[:, :2].sum(axis=1) / 2.0
+        graph = np.where(np.isfinite(edge), np.maximum(edge, 1e-12), 0.0)  # csgraph: 0 is no edge
+        self.there_and_back = 2.0 * shortest_path(graph, directed=True) / self.P
+        self.head, self.tail = heads_and_tails(problem)
+        self.og = cm.op_gap_s
+        self.slots = np.asarray(problem.memory, dtype=float)
+        self.k = np.minimum(self.slots, self.m)
+        self.hold = self.visit + cheapest[:, 0] + cm.loss_factor * float(f.min())
+        self.trip_floors = trip_floors
+        speed = 1.0 / f
+        others = float(speed.sum() - np.sort(speed)[::-1][: self.D].sum())
+        self.tc1 = tc1_caps(speed, self.D * self.m * self.P, others) if others > 1e-12 else np.full(self.n, np.inf)
+        terms = (self.visit, self.own, self.half, self.hold, self.head, self.tail)
+        self.usable = all(bool(np.isfinite(a).all()) for a in terms)  # else the floor is skipped
+
+    def feasible(self, T: float) -> bool:
+        """Whether the programme has a solution at makespan T."""
+        n, P, m = self.n, self.P, self.m
+        data = np.flatnonzero(self.trip_floors <= T + 1e-12)
+        E = len(data)
+        if E < self.D:
+            return False
+        window = np.maximum(0.0, T - self.head - self.tail)
+        cap = np.minimum(served_visits(T, self.head, self.tail, self.visit, self.og), self.tc1)
+        slot_time = self.slots * window
+        z = np.arange(E * n).reshape(E, n)  # z[i, x]: visits of data node data[i] at x
+        y = E * n + np.arange(E)
+        rows, cols, vals = [], [], []
+
+        def add(row, col, val) -> None:
+            rows.append(np.broadcast_to(row, np.shape(col)).ravel())
+            cols.append(np.ravel(col))
+            vals.append(np.broadcast_to(val, np.shape(col)).ravel())
+
+        x = np.arange(n)[None, :]
+        add(x, z, 1.0)  # visits of x, and its slot time
+        add(data, y, cap[data])
+        add(n + x, z, self.hold[None, :])
+        add(n + data, y, slot_time[data])
+        r = 2 * n + np.arange(E)[:, None]
+        trip = self.visit[None, :] + self.half[None, :]  # round trips, half of each node's cheapest hops
+        add(r, z, trip)
+        add(r[:, 0], y, m * (self.own[data] + self.half[data]) - T * self.k[data])
+        reach = np.isfinite(self.there_and_back[data])  # no visits where no hops lead
+        far = np.where(reach, self.there_and_back[data], 0.0)
+        add(r + E, z, self.visit[None, :] + far)  # and there and back to each node visited
+        add(r[:, 0] + E, y, m * self.own[data] - T * self.k[data])
+        spread = 2 * n + 2 * E + z
+        add(spread, z, 1.0)  # a node once per path
+        add(spread, np.broadcast_to(y[:, None], z.shape), -float(m))
+        n_ub = 2 * n + 2 * E + E * n
+        a_ub = coo_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(n_ub, E * n + E))
+        b_ub = np.concatenate([cap, slot_time, np.zeros(2 * E + E * n)])
+        eq_rows = np.concatenate([np.broadcast_to(np.arange(E)[:, None], z.shape).ravel(), np.arange(E), np.full(E, E)])
+        eq_cols = np.concatenate([z.ravel(), y, y])
+        eq_vals = np.concatenate([np.ones(E * n), np.full(E, -float(m * P)), np.ones(E)])
+        a_eq = coo_matrix((eq_vals, (eq_rows, eq_cols)), shape=(E + 1, E * n + E))
+        b_eq = np.concatenate([np.zeros(E), [float(self.D)]])
+        upper = np.full(E * n + E, np.inf)
+        upper[z[~reach]] = 0.0
+        upper[z[np.arange(E), data]] = 0.0  # no visits to oneself
+        upper[y] = 1.0
+        bounds = np.stack([np.zeros(E * n + E), upper], axis=1)
+        result = linprog(np.zeros(E * n + E), A_ub=a_ub.tocsr(), b_ub=b_ub, A_eq=a_eq.tocsr(), b_eq=b_eq,
+                         bounds=bounds, method="highs-ipm")
+        return bool(result.status != 2)  # only a proven infeasibility rules T out
+
+
+def neighbour_floor(problem: Problem, trip_floors: np.ndarray, at_least: float) -> float:
+    """The least makespan, at least ``at_least``, that the neighbour programme allows (see the
+    module text); ``trip_floors[x]``: a floor of x's own finish as a data node."""
+    if problem.workload.path_length < 2 or problem.n > MAX_NODES or not math.isfinite(at_least) or at_least <= 0:
+        return at_least
+    programme = _Programme(problem, np.asarray(trip_floors, dtype=float))
+    if not programme.usable or programme.feasible(at_least):
+        return at_least
+    lo, hi = at_least, 1.25 * at_least
+    for _ in range(60):
+        if programme.feasible(hi):
+            break
+        lo, hi = hi, 2.0 * hi
+    else:
+        return max(at_least, lo * (1.0 - SAFETY))
+    while hi - lo > REL_TOL * hi:
+        mid = 0.5 * (lo + hi)
+        lo, hi = (lo, mid) if programme.feasible(mid) else (mid, hi)
+    return max(at_least, lo * (1.0 - SAFETY))
