@@ -40,7 +40,7 @@ def test_two_sites_raise_the_floor_and_every_plan_stays_above(monkeypatch):
     monkeypatch.setattr(floors, "neighbour_floor", lambda p, tf, at_least: at_least)
     without = free_allocation_floor(problem).value
     assert floor.value == floor.neighbour_s
-    assert floor.value > 1.4 * without  # 29.48 -> 48.34 s
+    assert floor.value > 1.4 * without  # 29.48 -> 48.71 s
     rng = np.random.default_rng(0)
     made = [make_plan(method, problem, seed=0).predicted_makespan_s for method in ("skippipe-no-tc2", "skippipe")]
     for _ in range(16):
