@@ -31,3 +31,33 @@ def generated_problems(draw, stages: tuple[int, int] = (3, 6), max_path: int = 4
         cluster = single_site_cluster(n, seed=seed, speed=(0.5, 2.0))
     wl = Workload(num_stages=s, path_length=L, microbatches_per_data_node=draw(st.integers(1, 6)), n_layers=4 * s)
     return build_problem(cluster, wl)
+
+
+def random_allocation(problem, rng) -> list[list[int]]:
+    """A random allocation of the problem's nodes to stages of its stage sizes (``rng``: numpy)."""
+    order = [int(x) for x in rng.permutation(problem.n)]
+    stages, at = [], 0
+    for size in problem.stage_sizes:
+        stages.append(sorted(order[at:at + size]))
+        at += size
+    return stages
+
+
+def plan_makespans(problem, methods: tuple[str, ...], draws: int) -> list[float]:
+    """Seconds per iteration of skippipe and skippipe-no-tc2 on the problem, then of ``methods``
+    on ``draws`` random allocations (those with no routing under the caps left out)."""
+    import numpy as np
+
+    from skippipe.errors import UserError
+    from skippipe.planner.methods import make_plan, with_allocation
+
+    made = [make_plan(method, problem, seed=0).predicted_makespan_s for method in ("skippipe-no-tc2", "skippipe")]
+    rng = np.random.default_rng(0)
+    for _ in range(draws):
+        allocated = with_allocation(problem, random_allocation(problem, rng))
+        for method in methods:
+            try:
+                made.append(make_plan(method, allocated, seed=0).predicted_makespan_s)
+            except UserError:  # no routing under the caps on this allocation
+                continue
+    return made

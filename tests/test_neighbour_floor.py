@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import skippipe.planner.floors as floors
-from cluster_strategies import generated_problems
+from cluster_strategies import generated_problems, plan_makespans, random_allocation
 from skippipe.cluster_gen import random_global_cluster
 from skippipe.errors import UserError
 from skippipe.planner.floors import free_allocation_floor, set_floors
@@ -25,15 +25,6 @@ def _two_sites():
                                            max_swaps=2, max_jump=1))
 
 
-def _random_allocation(problem, rng):
-    order = [int(x) for x in rng.permutation(problem.n)]
-    stages, at = [], 0
-    for size in problem.stage_sizes:
-        stages.append(sorted(order[at:at + size]))
-        at += size
-    return stages
-
-
 def test_two_sites_raise_the_floor_and_every_plan_stays_above(monkeypatch):
     problem = _two_sites()
     floor = free_allocation_floor(problem)
@@ -41,15 +32,7 @@ def test_two_sites_raise_the_floor_and_every_plan_stays_above(monkeypatch):
     without = free_allocation_floor(problem).value
     assert floor.value == floor.neighbour_s
     assert floor.value > 1.4 * without  # 29.48 -> 48.71 s
-    rng = np.random.default_rng(0)
-    made = [make_plan(method, problem, seed=0).predicted_makespan_s for method in ("skippipe-no-tc2", "skippipe")]
-    for _ in range(16):
-        allocated = with_allocation(problem, _random_allocation(problem, rng))
-        for method in ("random", "skippipe-no-tc2"):
-            try:
-                made.append(make_plan(method, allocated, seed=0).predicted_makespan_s)
-            except UserError:  # no routing under the caps on this allocation
-                continue
+    made = plan_makespans(problem, ("random", "skippipe-no-tc2"), draws=16)
     assert len(made) >= 8  # most random allocations leave no routing under the caps
     assert floor.value <= min(made) + 1e-6  # skippipe: 53.35 s
 
@@ -70,7 +53,7 @@ def test_neighbour_floor_is_below_every_plan(problem, method, seed):
     # the programme alone (from a floor of almost nothing), against a plan on any allocation
     value = neighbour_floor(problem, set_floors(problem).tf, 1e-3)
     try:
-        plan = make_plan(method, with_allocation(problem, _random_allocation(problem, np.random.default_rng(seed))),
+        plan = make_plan(method, with_allocation(problem, random_allocation(problem, np.random.default_rng(seed))),
                          seed=0)
     except UserError:  # no valid path, caps or memory deadlock on this allocation: nothing to bound
         return

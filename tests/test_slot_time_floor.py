@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import skippipe.planner.floors as floors
-from cluster_strategies import generated_problems
+from cluster_strategies import generated_problems, plan_makespans, random_allocation
 from skippipe.cluster_gen import single_site_cluster
 from skippipe.errors import UserError
 from skippipe.planner.floors import free_allocation_floor, set_floors
@@ -25,15 +25,6 @@ def _one_slot_each():
                                            max_swaps=1, max_jump=2))
 
 
-def _random_allocation(problem, rng):
-    order = [int(x) for x in rng.permutation(problem.n)]
-    stages, at = [], 0
-    for size in problem.stage_sizes:
-        stages.append(sorted(order[at:at + size]))
-        at += size
-    return stages
-
-
 def test_one_slot_per_node_raises_the_floor_and_every_plan_stays_above(monkeypatch):
     problem = _one_slot_each()
     floor = free_allocation_floor(problem)
@@ -42,15 +33,7 @@ def test_one_slot_per_node_raises_the_floor_and_every_plan_stays_above(monkeypat
     without = free_allocation_floor(problem).value
     assert floor.value == floor.slot_time_s
     assert floor.value > 1.03 * without  # 80.91 -> 85.57 s
-    rng = np.random.default_rng(0)
-    made = [make_plan(method, problem, seed=0).predicted_makespan_s for method in ("skippipe-no-tc2", "skippipe")]
-    for _ in range(20):
-        allocated = with_allocation(problem, _random_allocation(problem, rng))
-        for method in ("naive", "skippipe-no-tc2"):
-            try:
-                made.append(make_plan(method, allocated, seed=0).predicted_makespan_s)
-            except UserError:  # no routing under the caps on this allocation
-                continue
+    made = plan_makespans(problem, ("naive", "skippipe-no-tc2"), draws=20)
     assert len(made) > 10
     assert floor.value <= min(made) + 1e-6  # skippipe: 88.76 s
 
@@ -69,7 +52,7 @@ def test_slot_time_floor_is_below_every_plan(problem, method, seed):
     # the programme alone (from a floor of almost nothing), against a plan on any allocation
     value = slot_time_floor(problem, set_floors(problem).tf, 1e-3)
     try:
-        plan = make_plan(method, with_allocation(problem, _random_allocation(problem, np.random.default_rng(seed))),
+        plan = make_plan(method, with_allocation(problem, random_allocation(problem, np.random.default_rng(seed))),
                          seed=0)
     except UserError:  # no valid path, caps or memory deadlock on this allocation: nothing to bound
         return

@@ -40,12 +40,12 @@ from scipy.optimize import linprog
 from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import shortest_path
 
+from skippipe.planner.least_feasible import least_feasible
 from skippipe.planner.problem import Problem, tc1_caps
 from skippipe.planner.relaxed_floors import heads_and_tails, hop_edges, round_trip_terms, served_visits
 
 MAX_NODES = 120  # above it the programme (about N^2 variables, 0.1-5 s a solve at 100 nodes) is skipped
 REL_TOL = 1e-3  # the bisection stops within this share of the makespan
-SAFETY = 1e-6  # a solver's "infeasible" is trusted only this far (the floor returned is lowered by it)
 
 
 class _Programme:
@@ -133,16 +133,6 @@ def neighbour_floor(problem: Problem, trip_floors: np.ndarray, at_least: float) 
     if problem.workload.path_length < 2 or problem.n > MAX_NODES or not math.isfinite(at_least) or at_least <= 0:
         return at_least
     programme = _Programme(problem, np.asarray(trip_floors, dtype=float))
-    if not programme.usable or programme.feasible(at_least):
+    if not programme.usable:
         return at_least
-    lo, hi = at_least, 1.25 * at_least
-    for _ in range(60):
-        if programme.feasible(hi):
-            break
-        lo, hi = hi, 2.0 * hi
-    else:
-        return max(at_least, lo * (1.0 - SAFETY))
-    while hi - lo > REL_TOL * hi:
-        mid = 0.5 * (lo + hi)
-        lo, hi = (lo, mid) if programme.feasible(mid) else (mid, hi)
-    return max(at_least, lo * (1.0 - SAFETY))
+    return least_feasible(programme.feasible, at_least, REL_TOL, first_step=1.25)

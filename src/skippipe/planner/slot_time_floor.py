@@ -51,13 +51,12 @@ import numpy as np
 from scipy.optimize import linprog
 from scipy.sparse import coo_matrix
 
+from skippipe.planner.least_feasible import least_feasible
 from skippipe.planner.problem import Problem, tc1_caps
 from skippipe.planner.relaxed_floors import heads_and_tails, hop_edges, round_trip_terms, served_visits
 
 SPEED_BINS = 8  # ranges of the stage-0 speed sum, each its own programme (its TC1 caps)
 REL_TOL = 1e-6  # the bisection stops within this share of the makespan
-# a solver's "infeasible" is trusted only this far (the floor returned is lowered by it)
-SAFETY = 1e-6
 
 
 class _Programme:
@@ -149,16 +148,6 @@ def slot_time_floor(problem: Problem, trip_floors: np.ndarray, at_least: float) 
     if problem.workload.path_length < 2 or not math.isfinite(at_least) or at_least <= 0:
         return at_least
     programme = _Programme(problem, np.asarray(trip_floors, dtype=float))
-    if not programme.usable or programme.feasible(at_least):
+    if not programme.usable:
         return at_least
-    lo, hi = at_least, 2.0 * at_least
-    for _ in range(60):
-        if programme.feasible(hi):
-            break
-        lo, hi = hi, 2.0 * hi
-    else:
-        return lo * (1.0 - SAFETY)
-    while hi - lo > REL_TOL * hi:
-        mid = 0.5 * (lo + hi)
-        lo, hi = (lo, mid) if programme.feasible(mid) else (mid, hi)
-    return lo * (1.0 - SAFETY)
+    return least_feasible(programme.feasible, at_least, REL_TOL, first_step=2.0)
