@@ -3,9 +3,12 @@ compute (and memory) and a workload whose path rules bind."""
 
 from __future__ import annotations
 
+import numpy as np
 from hypothesis import strategies as st
 
 from skippipe.cluster_gen import random_global_cluster, single_site_cluster
+from skippipe.errors import UserError
+from skippipe.planner.methods import make_plan, with_allocation
 from skippipe.planner.problem import build_problem
 from skippipe.workload import Workload, least_max_jump
 
@@ -43,21 +46,21 @@ def random_allocation(problem, rng) -> list[list[int]]:
     return stages
 
 
+def makespan_on(problem, stages: list[list[int]], method: str) -> float | None:
+    """Seconds per iteration of ``method`` on the allocation ``stages``; None where it cannot plan
+    there (no valid path, no routing under the caps, a memory deadlock)."""
+    try:
+        return make_plan(method, with_allocation(problem, stages), seed=0).predicted_makespan_s
+    except UserError:
+        return None
+
+
 def plan_makespans(problem, methods: tuple[str, ...], draws: int) -> list[float]:
     """Seconds per iteration of skippipe and skippipe-no-tc2 on the problem, then of ``methods``
-    on ``draws`` random allocations (those with no routing under the caps left out)."""
-    import numpy as np
-
-    from skippipe.errors import UserError
-    from skippipe.planner.methods import make_plan, with_allocation
-
+    on ``draws`` random allocations (those where a method cannot plan left out)."""
     made = [make_plan(method, problem, seed=0).predicted_makespan_s for method in ("skippipe-no-tc2", "skippipe")]
     rng = np.random.default_rng(0)
     for _ in range(draws):
-        allocated = with_allocation(problem, random_allocation(problem, rng))
-        for method in methods:
-            try:
-                made.append(make_plan(method, allocated, seed=0).predicted_makespan_s)
-            except UserError:  # no routing under the caps on this allocation
-                continue
+        stages = random_allocation(problem, rng)
+        made += [v for v in (makespan_on(problem, stages, method) for method in methods) if v is not None]
     return made

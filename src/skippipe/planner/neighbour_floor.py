@@ -36,13 +36,11 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from scipy.optimize import linprog
-from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import shortest_path
 
-from skippipe.planner.least_feasible import least_feasible
 from skippipe.planner.problem import Problem, tc1_caps
-from skippipe.planner.relaxed_floors import heads_and_tails, hop_edges, round_trip_terms, served_visits
+from skippipe.planner.programme_floor import Rows, admits, least_feasible, slot_terms
+from skippipe.planner.relaxed_floors import hop_edges, served_visits
 
 MAX_NODES = 120  # above it the programme (about N^2 variables, 0.1-5 s a solve at 100 nodes) is skipped
 REL_TOL = 1e-3  # the bisection stops within this share of the makespan
@@ -52,79 +50,59 @@ class _Programme:
     """The linear programme of the module text, for any makespan T."""
 
     def __init__(self, problem: Problem, trip_floors: np.ndarray) -> None:
-        w, cm = problem.workload, problem.cost_model
-        self.n, self.P = problem.n, w.path_length - 1
-        self.D, self.m = int(problem.stage_sizes[0]), w.microbatches_per_data_node
-        f = np.asarray(problem.forward_s, dtype=float)
-        _, self.visit, self.own, _ = round_trip_terms(problem)
+        t = self.terms = slot_terms(problem)
+        self.n = problem.n
         edge = hop_edges(problem)
-        cheapest = np.sort(edge, axis=1)
-        self.half = cheapest[:, 0] if self.P == 1 else cheapest[:, :2].sum(axis=1) / 2.0
         graph = np.where(np.isfinite(edge), np.maximum(edge, 1e-12), 0.0)  # csgraph: 0 is no edge
-        self.there_and_back = 2.0 * shortest_path(graph, directed=True) / self.P
-        self.head, self.tail = heads_and_tails(problem)
-        self.og = cm.op_gap_s
-        self.slots = np.asarray(problem.memory, dtype=float)
-        self.k = np.minimum(self.slots, self.m)
-        self.hold = self.visit + cheapest[:, 0] + cm.loss_factor * float(f.min())
+        self.there_and_back = 2.0 * shortest_path(graph, directed=True) / t.P
+        self.hold = t.visit + t.cheapest[:, 0] + t.loss
         self.trip_floors = trip_floors
-        speed = 1.0 / f
-        others = float(speed.sum() - np.sort(speed)[::-1][: self.D].sum())
-        self.tc1 = tc1_caps(speed, self.D * self.m * self.P, others) if others > 1e-12 else np.full(self.n, np.inf)
-        terms = (self.visit, self.own, self.half, self.hold, self.head, self.tail)
-        self.usable = all(bool(np.isfinite(a).all()) for a in terms)  # else the floor is skipped
+        others = float(t.speed.sum() - np.sort(t.speed)[::-1][: t.D].sum())
+        self.tc1 = tc1_caps(t.speed, t.D * t.m * t.P, others) if others > 1e-12 else np.full(self.n, np.inf)
 
     def feasible(self, T: float) -> bool:
         """Whether the programme has a solution at makespan T."""
-        n, P, m = self.n, self.P, self.m
+        t, n = self.terms, self.n
+        P, m = t.P, t.m
         data = np.flatnonzero(self.trip_floors <= T + 1e-12)
         E = len(data)
-        if E < self.D:
+        if E < t.D:
             return False
-        window = np.maximum(0.0, T - self.head - self.tail)
-        cap = np.minimum(served_visits(T, self.head, self.tail, self.visit, self.og), self.tc1)
-        slot_time = self.slots * window
+        window = np.maximum(0.0, T - t.head - t.tail)
+        cap = np.minimum(served_visits(T, t.head, t.tail, t.visit, t.og), self.tc1)
+        slot_time = t.slots * window
         z = np.arange(E * n).reshape(E, n)  # z[i, x]: visits of data node data[i] at x
         y = E * n + np.arange(E)
-        rows, cols, vals = [], [], []
-
-        def add(row, col, val) -> None:
-            rows.append(np.broadcast_to(row, np.shape(col)).ravel())
-            cols.append(np.ravel(col))
-            vals.append(np.broadcast_to(val, np.shape(col)).ravel())
-
+        ub = Rows()
         x = np.arange(n)[None, :]
-        add(x, z, 1.0)  # visits of x, and its slot time
-        add(data, y, cap[data])
-        add(n + x, z, self.hold[None, :])
-        add(n + data, y, slot_time[data])
+        ub.add(x, z, 1.0)  # visits of x, and its slot time
+        ub.add(data, y, cap[data])
+        ub.add(n + x, z, self.hold[None, :])
+        ub.add(n + data, y, slot_time[data])
         r = 2 * n + np.arange(E)[:, None]
-        trip = self.visit[None, :] + self.half[None, :]  # round trips, half of each node's cheapest hops
-        add(r, z, trip)
-        add(r[:, 0], y, m * (self.own[data] + self.half[data]) - T * self.k[data])
+        trip = t.visit[None, :] + t.half[None, :]  # round trips, half of each node's cheapest hops
+        ub.add(r, z, trip)
+        ub.add(r[:, 0], y, m * (t.own[data] + t.half[data]) - T * t.k[data])
         reach = np.isfinite(self.there_and_back[data])  # no visits where no hops lead
         far = np.where(reach, self.there_and_back[data], 0.0)
-        add(r + E, z, self.visit[None, :] + far)  # and there and back to each node visited
-        add(r[:, 0] + E, y, m * self.own[data] - T * self.k[data])
+        ub.add(r + E, z, t.visit[None, :] + far)  # and there and back to each node visited
+        ub.add(r[:, 0] + E, y, m * t.own[data] - T * t.k[data])
         spread = 2 * n + 2 * E + z
-        add(spread, z, 1.0)  # a node once per path
-        add(spread, np.broadcast_to(y[:, None], z.shape), -float(m))
-        n_ub = 2 * n + 2 * E + E * n
-        a_ub = coo_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(n_ub, E * n + E))
+        ub.add(spread, z, 1.0)  # a node once per path
+        ub.add(spread, np.broadcast_to(y[:, None], z.shape), -float(m))
         b_ub = np.concatenate([cap, slot_time, np.zeros(2 * E + E * n)])
-        eq_rows = np.concatenate([np.broadcast_to(np.arange(E)[:, None], z.shape).ravel(), np.arange(E), np.full(E, E)])
-        eq_cols = np.concatenate([z.ravel(), y, y])
-        eq_vals = np.concatenate([np.ones(E * n), np.full(E, -float(m * P)), np.ones(E)])
-        a_eq = coo_matrix((eq_vals, (eq_rows, eq_cols)), shape=(E + 1, E * n + E))
-        b_eq = np.concatenate([np.zeros(E), [float(self.D)]])
-        upper = np.full(E * n + E, np.inf)
+        eq = Rows()
+        eq.add(np.broadcast_to(np.arange(E)[:, None], z.shape), z, 1.0)  # d's visits
+        eq.add(np.arange(E), y, -float(m * P))
+        eq.add(E, y, 1.0)  # the data nodes
+        b_eq = np.concatenate([np.zeros(E), [float(t.D)]])
+        size = E * n + E
+        upper = np.full(size, np.inf)
         upper[z[~reach]] = 0.0
         upper[z[np.arange(E), data]] = 0.0  # no visits to oneself
         upper[y] = 1.0
-        bounds = np.stack([np.zeros(E * n + E), upper], axis=1)
-        result = linprog(np.zeros(E * n + E), A_ub=a_ub.tocsr(), b_ub=b_ub, A_eq=a_eq.tocsr(), b_eq=b_eq,
-                         bounds=bounds, method="highs-ipm")
-        return bool(result.status != 2)  # only a proven infeasibility rules T out
+        bounds = np.stack([np.zeros(size), upper], axis=1)
+        return admits(size, ub.matrix((2 * n + 2 * E + E * n, size)), b_ub, eq.matrix((E + 1, size)), b_eq, bounds)
 
 
 def neighbour_floor(problem: Problem, trip_floors: np.ndarray, at_least: float) -> float:
@@ -133,6 +111,6 @@ def neighbour_floor(problem: Problem, trip_floors: np.ndarray, at_least: float) 
     if problem.workload.path_length < 2 or problem.n > MAX_NODES or not math.isfinite(at_least) or at_least <= 0:
         return at_least
     programme = _Programme(problem, np.asarray(trip_floors, dtype=float))
-    if not programme.usable:
+    if not programme.terms.usable:
         return at_least
     return least_feasible(programme.feasible, at_least, REL_TOL, first_step=1.25)

@@ -48,12 +48,10 @@ import itertools
 import math
 
 import numpy as np
-from scipy.optimize import linprog
-from scipy.sparse import coo_matrix
 
-from skippipe.planner.least_feasible import least_feasible
 from skippipe.planner.problem import Problem, tc1_caps
-from skippipe.planner.relaxed_floors import heads_and_tails, hop_edges, round_trip_terms, served_visits
+from skippipe.planner.programme_floor import Rows, admits, least_feasible, slot_terms
+from skippipe.planner.relaxed_floors import served_visits
 
 SPEED_BINS = 8  # ranges of the stage-0 speed sum, each its own programme (its TC1 caps)
 REL_TOL = 1e-6  # the bisection stops within this share of the makespan
@@ -63,83 +61,62 @@ class _Programme:
     """The linear programme of the module text, for any makespan T."""
 
     def __init__(self, problem: Problem, trip_floors: np.ndarray) -> None:
-        w = problem.workload
-        cm = problem.cost_model
-        n, P = problem.n, w.path_length - 1
-        D, m = int(problem.stage_sizes[0]), w.microbatches_per_data_node
-        f = np.asarray(problem.forward_s, dtype=float)
-        _, visit, own, _ = round_trip_terms(problem)
-        cheapest = np.sort(hop_edges(problem), axis=1)
-        half = cheapest[:, 0] if P == 1 else cheapest[:, :2].sum(axis=1) / 2.0
-        hop, loss = float(cheapest[:, 0].min()), cm.loss_factor * float(f.min())
+        t = self.terms = slot_terms(problem)
+        P, D, visit = t.P, t.D, t.visit
+        hop = float(t.cheapest[:, 0].min())
         pos = np.arange(1, P + 1)
-        self.n, self.P, self.D, self.m = n, P, D, m
-        self.og, self.visit = cm.op_gap_s, visit
-        self.head, self.tail = heads_and_tails(problem)
-        self.slots = np.asarray(problem.memory, dtype=float)
-        self.k = np.minimum(self.slots, m)
+        self.n = problem.n
         self.trip_floors = trip_floors
         # hold[x, p-1]: the visit, the visits after it, its hop and the cheapest others, the loss
         self.hold = (visit[:, None] + (P - pos)[None, :] * (float(visit.min()) + hop)
-                     + cheapest[:, :1] + loss)
+                     + t.cheapest[:, :1] + t.loss)
         self.position_weight = pos[None, :] * visit[:, None]
-        self.fixed_hold = D * m * (P * loss + hop * float((P - pos + 1).sum()))
-        self.trip_visit = visit + half
-        self.trip_own = m * (own + half)
-        self.speed = 1.0 / f
-        ranked = np.sort(self.speed)
+        self.fixed_hold = D * t.m * (P * t.loss + hop * float((P - pos + 1).sum()))
+        self.trip_visit = visit + t.half
+        self.trip_own = t.m * (t.own + t.half)
+        ranked = np.sort(t.speed)
         edges = np.linspace(ranked[:D].sum(), ranked[::-1][:D].sum(), SPEED_BINS + 1)
         self.bins = [(float(a), float(b)) for a, b in itertools.pairwise(edges)]
         if edges[-1] <= edges[0]:  # even compute: one range
             self.bins = [(float(edges[0]), float(edges[0]))]
-        terms = (self.hold, self.trip_visit, self.trip_own, self.head, self.tail, self.slots)
-        self.usable = all(bool(np.isfinite(a).all()) for a in terms)  # else the floor is skipped
 
     def feasible(self, T: float) -> bool:
         """Whether some stage-0 speed range admits a solution at makespan T."""
         eligible = self.trip_floors <= T + 1e-12
-        return eligible.sum() >= self.D and any(self._solvable(T, eligible, low, high) for low, high in self.bins)
+        return eligible.sum() >= self.terms.D and any(self._solvable(T, eligible, low, high) for low, high in self.bins)
 
     def _solvable(self, T: float, eligible: np.ndarray, low: float, high: float) -> bool:
         """The programme at makespan T with the stage-0 speed sum in [low, high]; the TC1
         caps share the visits by the least speed the other nodes can then sum to."""
-        n, P = self.n, self.P
-        window = np.maximum(0.0, T - self.head - self.tail)
-        others = self.speed.sum() - high
-        tc1 = tc1_caps(self.speed, self.D * self.m * P, others) if others > 1e-12 else np.inf
-        cap = np.minimum(served_visits(T, self.head, self.tail, self.visit, self.og), tc1)
-        slot_time = self.slots * window
+        t, n = self.terms, self.n
+        P = t.P
+        window = np.maximum(0.0, T - t.head - t.tail)
+        others = t.speed.sum() - high
+        tc1 = tc1_caps(t.speed, t.D * t.m * P, others) if others > 1e-12 else np.inf
+        cap = np.minimum(served_visits(T, t.head, t.tail, t.visit, t.og), tc1)
+        slot_time = t.slots * window
         c = np.arange(n * P).reshape(n, P)  # variable index of c[x, p]; y[x] is n * P + x
         y = n * P + np.arange(n)
-        rows, cols, vals = [], [], []
-
-        def add(row, col, val) -> None:
-            rows.append(np.broadcast_to(row, np.shape(col)).ravel())
-            cols.append(np.ravel(col))
-            vals.append(np.broadcast_to(val, np.shape(col)).ravel())
-
+        ub = Rows()
         x = np.arange(n)[:, None]
-        add(x, c, 1.0)  # visits of x
-        add(np.arange(n), y, cap)
-        add(n + x, c, self.hold)  # slot time of x
-        add(n + np.arange(n), y, slot_time)
-        add(2 * n, c, self.position_weight)  # every hold
-        add(2 * n, y, -slot_time)
-        add(2 * n + 1, c, np.broadcast_to(self.trip_visit[:, None], (n, P)))  # the round trips
-        add(2 * n + 1, y, self.trip_own - T * self.k)
-        add(2 * n + 2, y, -self.speed)  # the stage-0 speed sum in [low, high]
-        add(2 * n + 3, y, self.speed)
-        a_ub = coo_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(2 * n + 4, n * P + n))
+        ub.add(x, c, 1.0)  # visits of x
+        ub.add(np.arange(n), y, cap)
+        ub.add(n + x, c, self.hold)  # slot time of x
+        ub.add(n + np.arange(n), y, slot_time)
+        ub.add(2 * n, c, self.position_weight)  # every hold
+        ub.add(2 * n, y, -slot_time)
+        ub.add(2 * n + 1, c, np.broadcast_to(self.trip_visit[:, None], (n, P)))  # the round trips
+        ub.add(2 * n + 1, y, self.trip_own - T * t.k)
+        ub.add(2 * n + 2, y, -t.speed)  # the stage-0 speed sum in [low, high]
+        ub.add(2 * n + 3, y, t.speed)
         room = 1e-9 * (1.0 + high)  # the range's bounds, loosened by rounding
         b_ub = np.concatenate([cap, slot_time, [slot_time.sum() - self.fixed_hold, 0.0, room - low, high + room]])
-        eq_rows = np.concatenate([np.broadcast_to(np.arange(P), (n, P)).ravel(), np.full(n, P)])
-        eq_cols = np.concatenate([c.ravel(), y])
-        a_eq = coo_matrix((np.ones(len(eq_cols)), (eq_rows, eq_cols)), shape=(P + 1, n * P + n))
-        b_eq = np.concatenate([np.full(P, float(self.D * self.m)), [float(self.D)]])
+        eq = Rows()
+        eq.add(np.broadcast_to(np.arange(P), (n, P)), c, 1.0)
+        eq.add(P, y, 1.0)
+        b_eq = np.concatenate([np.full(P, float(t.D * t.m)), [float(t.D)]])
         bounds = [(0.0, None)] * (n * P) + [(0.0, 1.0 if ok else 0.0) for ok in eligible]
-        result = linprog(np.zeros(n * P + n), A_ub=a_ub.tocsr(), b_ub=b_ub, A_eq=a_eq.tocsr(), b_eq=b_eq,
-                         bounds=bounds, method="highs-ipm")  # the simplex cycled on sweep case 72
-        return bool(result.status != 2)  # only a proven infeasibility rules T out
+        return admits(n * P + n, ub.matrix((2 * n + 4, n * P + n)), b_ub, eq.matrix((P + 1, n * P + n)), b_eq, bounds)
 
 
 def slot_time_floor(problem: Problem, trip_floors: np.ndarray, at_least: float) -> float:
@@ -148,6 +125,6 @@ def slot_time_floor(problem: Problem, trip_floors: np.ndarray, at_least: float) 
     if problem.workload.path_length < 2 or not math.isfinite(at_least) or at_least <= 0:
         return at_least
     programme = _Programme(problem, np.asarray(trip_floors, dtype=float))
-    if not programme.usable:
+    if not programme.terms.usable:
         return at_least
     return least_feasible(programme.feasible, at_least, REL_TOL, first_step=2.0)
