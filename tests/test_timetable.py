@@ -14,9 +14,12 @@ from skippipe.cluster_gen import random_global_cluster, suite
 from skippipe.planfile import plan_violations
 from skippipe.planner.allocation import allocate
 from skippipe.planner.problem import build_problem
+from skippipe.planner.routing import candidates
 from skippipe.planner.routing.candidates import stage_orders
-from skippipe.planner.routing.schedule import build_plan, plan_skippipe
-from skippipe.planner.routing.timetable import Timeline, timetable_routes
+from skippipe.planner.routing.evaluate import Evaluator
+from skippipe.planner.routing.schedule import build_plan, plan_skippipe, static_routes
+from skippipe.planner.routing.search import SearchLimits
+from skippipe.planner.routing.timetable import Timeline, estimated_work, timetable_routes
 from skippipe.sim import simulate
 from skippipe.workload import Workload
 
@@ -72,3 +75,38 @@ def test_skippipe_keeps_a_timetable_that_leads_with_its_orders():
     assert plan_violations(plan) == []
     sim = simulate(plan)  # the plan's processing orders are the timetable's (searched further)
     assert sim.finished and abs(sim.makespan_s - plan.predicted_makespan_s) < 1e-9
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(generated_problems(), st.booleans())
+def test_the_work_estimate_is_within_a_factor_of_two_of_the_work_counted(problem, paced):
+    stages = allocate(problem, seed=0)
+    seqs = stage_orders(problem, stages)
+    work = [0]
+    if timetable_routes(problem, stages, problem.load_caps(stages), seqs, work=work, paced=paced) is None:
+        return
+    assert 0.5 <= work[0] / estimated_work(problem, stages, seqs) <= 2.0
+
+
+def test_above_the_largest_cluster_routed_anyway_the_timetables_run_as_the_time_allows(monkeypatch):
+    cluster = random_global_cluster(30, seed=3, speed=(0.5, 2.0), memory=(1, 4))
+    problem = build_problem(cluster, Workload(num_stages=5, path_length=3))
+    stages = allocate(problem, seed=0)
+    ev = Evaluator(problem, stages)
+    routes = static_routes(problem, stages)
+    start = [candidates.Candidate("no-tc2", stages, routes, ev.score(routes))]
+
+    def timed(per_unit: float) -> list[candidates.Candidate]:
+        monkeypatch.setattr(candidates, "TIMETABLE_S_PER_WORK", per_unit)
+        return candidates.timetable_candidates(problem, start, 0, {id(stages): ev}, SearchLimits(budget=1000), False)
+
+    assert candidates._timetable_runs(problem, stages) == 2  # up to TIMETABLE_LARGEST: both, whatever the cost
+    monkeypatch.setattr(candidates, "TIMETABLE_LARGEST", 20)
+    room = candidates.TIMETABLE_SHARE * candidates.planning_target_s(problem.n)
+    work = estimated_work(problem, stages, stage_orders(problem, stages))
+    for share_of_room, runs in ((0.4, 2), (0.9, 1), (1.1, 0)):  # one run's estimated seconds / the room
+        monkeypatch.setattr(candidates, "TIMETABLE_S_PER_WORK", share_of_room * room / work)
+        assert candidates._timetable_runs(problem, stages) == runs
+    assert timed(1.1 * room / work) == []  # none fits: no timetable
+    got = timed(0.9 * room / work)  # one fits: the unpaced one
+    assert len(got) == 1 and got[0].timed and got[0].name == "timetable (no-tc2)"

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from skippipe.errors import UserError
 from skippipe.planner.problem import Problem
 from skippipe.planner.routing.balanced import balanced_candidate
+from skippipe.planner.routing.budget import planning_target_s
 from skippipe.planner.routing.data_nodes import LARGEST as DATA_NODES_LARGEST
 from skippipe.planner.routing.data_nodes import MAX_NODES as DATA_NODES_MAX_NODES
 from skippipe.planner.routing.data_nodes import ROUTING_CHARGE, data_node_search
@@ -18,7 +19,7 @@ from skippipe.planner.routing.search import SearchLimits
 from skippipe.planner.routing.sequences import RouteCosts, stage_sequences
 from skippipe.planner.routing.slow_links import slow_link_allocation, slow_link_mask, uses_slow_link
 from skippipe.planner.routing.timetable import LARGEST as TIMETABLE_LARGEST
-from skippipe.planner.routing.timetable import timetable_routes
+from skippipe.planner.routing.timetable import estimated_work, timetable_routes
 
 # up to this many nodes timetables are cheap (under 0.2 s each at 30 nodes): two allocations
 # and restarts
@@ -42,6 +43,13 @@ TIMETABLE_WORK_PER_NODE = 30
 HOLD_GAIN = 0.8
 # and only up to this many nodes (its programme took 1.1 s at 116 nodes and 8.7 s at 1,000)
 HOLD_LARGEST = 200
+# above TIMETABLE_LARGEST nodes the timetables (unpaced, then paced) run only while their
+# estimated CPU, TIMETABLE_S_PER_WORK x ``timetable.estimated_work`` each, fits TIMETABLE_SHARE
+# of the planning-time target (the work is charged to the search budget as below; the share
+# bounds what a timetable that does not win costs). Measured on the 2-core machine on four
+# clusters of 120-400 nodes: 0.63-1.46 us of CPU per estimated unit
+TIMETABLE_S_PER_WORK = 1.5e-6
+TIMETABLE_SHARE = 0.5
 # how much a restart may perturb a path's end time when choosing (a factor up to 1 + this)
 TIMETABLE_NOISE = 0.1
 
@@ -217,16 +225,17 @@ def timetable_candidates(
     problem: Problem, cands: list[Candidate], seed: int, evaluators: dict[int, Evaluator], limits: SearchLimits,
     thorough: bool = True,
 ) -> list[Candidate]:
-    """The best timetable routing (``routing.timetable``, up to its ``LARGEST`` nodes), with its
-    processing orders: on each of the ``TIMETABLE_ALLOCATIONS`` allocations of the best
-    candidates in ``cands`` (``evaluators``: by ``id`` of the stages), unpaced and paced; then
-    ``TIMETABLE_RESTARTS`` with a perturbed path choice on the allocation and variant that did
-    best. Above ``TIMETABLE_SMALL`` nodes: only where compute is uneven (where it was seen to
-    help), on the best allocation only. The work is charged to ``limits`` beyond
+    """The best timetable routing (``routing.timetable``), with its processing orders: on each
+    of the ``TIMETABLE_ALLOCATIONS`` allocations of the best candidates in ``cands``
+    (``evaluators``: by ``id`` of the stages), unpaced and paced; then ``TIMETABLE_RESTARTS``
+    with a perturbed path choice on the allocation and variant that did best. Above
+    ``TIMETABLE_SMALL`` nodes: only where compute is uneven (where it was seen to help), on the
+    best allocation only; above ``TIMETABLE_LARGEST`` nodes, the runs that fit the time
+    (``_timetable_runs``). The work is charged to ``limits`` beyond
     ``TIMETABLE_FREE_WORK`` units (all of it above ``TIMETABLE_UNCHARGED`` nodes).
     ``thorough=False``: as above ``TIMETABLE_SMALL`` nodes at any size."""
     small = thorough and problem.n <= TIMETABLE_SMALL
-    if problem.n > TIMETABLE_LARGEST or (not small and problem.even_compute):
+    if not small and problem.even_compute:
         return []
     best: tuple[Candidate, bool] | None = None
     seen: list[list[list[int]]] = []
@@ -235,7 +244,7 @@ def timetable_candidates(
         if cand.stages in seen or len(seen) >= (TIMETABLE_ALLOCATIONS if small else 1):
             continue
         seen.append(cand.stages)
-        for paced in (False, True):
+        for paced in (False, True)[:_timetable_runs(problem, cand.stages)]:
             got = _timetable(problem, cand, evaluators, None, paced, work)
             if got is not None and (best is None or got.score < best[0].score):
                 best = (got, paced)
@@ -249,6 +258,16 @@ def timetable_candidates(
     else:
         limits.spent += work[0] // (TIMETABLE_WORK_PER_NODE * problem.n)
     return [best[0]] if best is not None else []
+
+
+def _timetable_runs(problem: Problem, stages: list[list[int]]) -> int:
+    """How many timetables (0-2: unpaced, then paced) are routed on ``stages``: both up to
+    ``TIMETABLE_LARGEST`` nodes, above that as many as fit ``TIMETABLE_SHARE`` of the
+    planning-time target (each ``TIMETABLE_S_PER_WORK`` x its ``estimated_work``)."""
+    if problem.n <= TIMETABLE_LARGEST:
+        return 2
+    one = TIMETABLE_S_PER_WORK * estimated_work(problem, stages, stage_orders(problem, stages))
+    return min(2, int(TIMETABLE_SHARE * planning_target_s(problem.n) / one))
 
 
 def _timetable(
