@@ -53,3 +53,28 @@ def test_slot_time_floor_is_below_every_plan(problem, method, seed):
     if plan is None:  # no valid path, caps or memory deadlock on this allocation: nothing to bound
         return
     assert value <= plan + 1e-6
+
+
+def test_every_speed_equal_the_programme_admits_every_generous_makespan():
+    """Every speed equal: the stage-0 speed range has width 0. Loosened by 1e-9 only, HiGHS
+    found it infeasible at every makespan from 400 nodes (a 500-node cluster got a floor of
+    360.68 s where a plan of 61.93 s exists); loosened past the solver's tolerance it is not."""
+    from skippipe.planner.slot_time_floor import _Programme
+
+    for n, stages, length in ((400, 6, 4), (500, 9, 5)):
+        problem = build_problem(single_site_cluster(n, seed=1), Workload(num_stages=stages, path_length=length))
+        tf = set_floors(problem, exact=False).tf
+        programme = _Programme(problem, np.asarray(tf, dtype=float))
+        assert len(programme.bins) == 1
+        for scale in (1.5, 3.0, 10.0):
+            assert programme.feasible(scale * float(np.max(tf))), (n, scale)
+
+
+def test_the_floor_of_a_500_node_cluster_of_even_speed_stays_below_a_plan():
+    from skippipe.cluster_gen import gcp_regions_cluster
+    from skippipe.planner import methods
+
+    problem = build_problem(gcp_regions_cluster(500), Workload(num_stages=9, path_length=5))
+    plan = methods.make_plan("skippipe-no-tc2", problem, seed=0)
+    floor = free_allocation_floor(problem)
+    assert floor.slot_time_s <= floor.value <= plan.predicted_makespan_s
