@@ -9,7 +9,7 @@ Every method plans through ``make_plan`` with its default deterministic budget (
 limit) and is simulated. Printed per cluster: kind, N, S, L, the seconds per iteration of
 each method, the floor over every allocation (``free_allocation_floor``), skippipe / floor,
 and skippipe's planning seconds (wall clock, on whatever machine and load this runs on, and
-the process's CPU seconds, which a busy machine disturbs less).
+the CPU seconds of the process and its planning workers, which a busy machine disturbs less).
 Results go to a JSON file and a chart.
 
     python3 benchmarks/scheduler_suite.py [--smallest 0] [--largest 1000] [--seed 0] [--json PATH] [--png PATH]
@@ -35,6 +35,7 @@ from skippipe.fileio import atomic_write_text
 from skippipe.planner.floors import free_allocation_floor
 from skippipe.planner.methods import make_plan
 from skippipe.planner.problem import build_problem
+from skippipe.planner.routing.workers import cpu_seconds
 from skippipe.viz import save_png
 
 METHODS = ("naive", "random", "skippipe-no-tc2", "skippipe")
@@ -49,7 +50,7 @@ def run_case(case: SuiteCase, seed: int, methods: tuple[str, ...] = METHODS) -> 
            "floor_exact_trips": floor.exact_trips}
     for method in methods:
         start = time.perf_counter()
-        cpu = time.process_time()
+        cpu = cpu_seconds()
         try:
             plan = make_plan(method, problem, seed=seed)
             row[method] = round(float(plan.predicted_makespan_s), 3)
@@ -57,7 +58,7 @@ def run_case(case: SuiteCase, seed: int, methods: tuple[str, ...] = METHODS) -> 
             row[method] = None
             row[f"{method}_error"] = str(err)
         row[f"{method}_plan_s"] = round(time.perf_counter() - start, 2)
-        row[f"{method}_cpu_s"] = round(time.process_time() - cpu, 2)
+        row[f"{method}_cpu_s"] = round(cpu_seconds() - cpu, 2)
         if method == "skippipe" and row[method] is not None:
             row["skippipe_candidate"] = plan.meta.get("candidate")
     row["ratio"] = round(row["skippipe"] / floor.value, 3) if row.get("skippipe") else None
@@ -130,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     head = (f"{'kind':<26} {'N':>5} {'S':>2} {'L':>2} " + " ".join(f"{m[:9]:>9}" for m in METHODS)
             + f" {'floor':>9} {'ratio':>6} {'plan s':>7} {'cpu s':>7}")
     rows = []
+    tqdm.monitor_interval = 0  # no monitor thread: the planner forks its workers only without threads
     for case in tqdm(cases, desc="suite", unit="cluster", disable=None, leave=False):
         rows.append(run_case(case, args.seed, methods))
         atomic_write_text(args.json, json.dumps({"seed": args.seed, "rows": merged(old, rows)}, indent=1) + "\n")

@@ -83,7 +83,7 @@ def small_thresholds(monkeypatch):
 def test_a_cluster_of_sites_is_planned_site_by_site_into_one_valid_plan(small_thresholds):
     cluster, site_of = _sites_cluster([20, 24, 22])
     p = build_problem(cluster, Workload(num_stages=4, path_length=3))
-    plan = D.decomposed_plan(p, 0, lambda sub, k: methods.make_plan("skippipe", sub, seed=0))
+    plan = D.decomposed_plan(p, 0, lambda subs, k: [methods.make_plan("skippipe", sub, seed=0) for sub in subs])
     check_plan(plan)
     assert plan.meta["candidate"] == "groups of sites" and sorted(plan.meta["groups"]) == [20, 22, 24]
     assert [len(s) for s in plan.stages] == p.stage_sizes  # as many data nodes as the workload says
@@ -102,21 +102,21 @@ def test_the_merged_plan_is_as_slow_as_its_slowest_group(small_thresholds):
     cluster, _ = _sites_cluster([20, 24])
     p = build_problem(cluster, Workload(num_stages=4, path_length=3))
     got = []
-    plan = D.decomposed_plan(p, 0, lambda sub, k: got.append(methods.make_plan("skippipe", sub, seed=0)) or got[-1])
+    plan = D.decomposed_plan(p, 0, lambda subs, k: got.extend(methods.make_plan("skippipe", sub, seed=0) for sub in subs) or got)
     assert plan is not None and len(got) == 2
     check_plan(plan)
     assert simulate(plan, record=False).makespan_s == pytest.approx(max(g.predicted_makespan_s for g in got))
 
 
 def test_no_split_below_the_size_or_with_fixed_stage_sizes_or_across_sites(small_thresholds):
-    plan_group = lambda sub, k: pytest.fail("planned a group")  # noqa: E731
+    plan_groups = lambda subs, k: pytest.fail("planned a group")  # noqa: E731
     cluster, _ = _sites_cluster([18, 18])  # 36 nodes: not above DECOMPOSE_NODES
-    assert D.decomposed_plan(build_problem(cluster, Workload(num_stages=4, path_length=3)), 0, plan_group) is None
+    assert D.decomposed_plan(build_problem(cluster, Workload(num_stages=4, path_length=3)), 0, plan_groups) is None
     cluster, _ = _sites_cluster([30, 20])
     fixed = Workload(num_stages=4, path_length=3, stage_sizes=(20, 10, 10, 10))
-    assert D.decomposed_plan(build_problem(cluster, fixed), 0, plan_group) is None
+    assert D.decomposed_plan(build_problem(cluster, fixed), 0, plan_groups) is None
     cluster, _ = _sites_cluster([30, 8, 8])  # the small sites must join a big one: groups span sites
-    assert D.decomposed_plan(build_problem(cluster, Workload(num_stages=4, path_length=3)), 0, plan_group) is None
+    assert D.decomposed_plan(build_problem(cluster, Workload(num_stages=4, path_length=3)), 0, plan_groups) is None
 
 
 def test_islands_are_the_parts_only_trickling_links_join():
@@ -184,10 +184,10 @@ def test_islands_get_data_nodes_by_their_makespans():
     problem = build_problem(cluster, Workload(num_stages=5, path_length=5, microbatches_per_data_node=8, n_layers=15,
                                               max_jump=5, max_swaps=0))
     assert len(D.islands(problem.transfer_s)) == 3
-    plan_group = lambda sub, k: plan_skippipe(sub, seed=0, budget=200)  # noqa: E731
-    probe_group = lambda sub: plan_skippipe(sub, seed=0, budget=D.PROBE_BUDGET)  # noqa: E731
-    first = D.decomposed_plan(problem, 0, plan_group)
-    moved = D.decomposed_plan(problem, 0, plan_group, probe_group)
+    plan_groups = lambda subs, k: [plan_skippipe(sub, seed=0, budget=200) for sub in subs]  # noqa: E731
+    probe_groups = lambda subs: [plan_skippipe(sub, seed=0, budget=D.PROBE_BUDGET) for sub in subs]  # noqa: E731
+    first = D.decomposed_plan(problem, 0, plan_groups)
+    moved = D.decomposed_plan(problem, 0, plan_groups, probe_groups)
     assert "data_nodes_moved" not in first.meta and "data_nodes_moved" in moved.meta
     for plan in (first, moved):
         check_plan(plan)
@@ -208,7 +208,7 @@ def test_a_split_an_island_cannot_carry_is_planned_whole():
     problem = build_problem(cluster, Workload(num_stages=3, path_length=3, microbatches_per_data_node=2, max_swaps=0))
     assert len(D.islands(problem.transfer_s)) == 2
     with pytest.raises(LoadCapsTooSmall):
-        D.decomposed_plan(problem, 0, lambda sub, groups: plan_skippipe(sub, seed=0, budget=50))
+        D.decomposed_plan(problem, 0, lambda subs, groups: [plan_skippipe(sub, seed=0, budget=50) for sub in subs])
     plan = methods.make_plan("skippipe", problem, seed=0)
     check_plan(plan)
     assert "groups" not in plan.meta and simulate(plan, record=False).finished

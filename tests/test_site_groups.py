@@ -63,7 +63,7 @@ def test_skippipe_keeps_the_quicker_of_whole_and_grouped(small_split, seed):
     groups = G.site_groups(problem)
     assert groups is not None
     whole = plan_skippipe(problem, seed=0, budget=default_budget(problem) // 2,
-                          fallbacks=lambda stages: methods._fallbacks(problem, stages, 0))
+                          fallbacks=lambda stages: methods._fallbacks(problem, stages, seed=0))
     grouped = G.grouped_plan(problem, groups, seed=0, time_limit_s=None)
     plan = methods.make_plan("skippipe", problem, seed=0)
     assert plan_violations(plan) == []
@@ -103,7 +103,7 @@ def test_above_the_decompose_size_groups_alone_behind_the_safety_net(large_path)
     grouped = G.grouped_plan(problem, groups, seed=0, time_limit_s=None, thorough=False)
     base = plan_no_tc2(problem, seed=0)
     base_s = simulate(base, record=False).makespan_s
-    nets = [p.predicted_makespan_s for _, p in methods._fallbacks(problem, base.stages, 0)]
+    nets = [p.predicted_makespan_s for _, p in methods._fallbacks(problem, base.stages, seed=0)]
     plan = methods.make_plan("skippipe", problem, seed=0)
     assert plan_violations(plan) == []
     assert plan.predicted_makespan_s == pytest.approx(min([grouped.predicted_makespan_s, base_s, *nets]))

@@ -188,9 +188,11 @@ def format_summary(doc: dict[str, Any]) -> str:
 
 
 def progress(desc: str, total: int) -> Any:
-    """A progress bar on stderr, shown only when stderr is a terminal."""
+    """A progress bar on stderr, shown only when stderr is a terminal; without tqdm's monitor
+    thread, so that the planner may fork its workers (``planner.routing.workers``)."""
     from tqdm import tqdm
 
+    tqdm.monitor_interval = 0
     return tqdm(total=total, desc=desc, unit="step", disable=None, leave=False, file=sys.stderr)
 
 

@@ -15,6 +15,7 @@ Torch-free.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import time
 from collections.abc import Callable
@@ -68,14 +69,12 @@ def _no_tc2(problem: Problem, seed: int, time_limit_s: float | None) -> Plan:
 
 
 def _skippipe(problem: Problem, seed: int, time_limit_s: float | None) -> Plan:
-    def fallbacks(stages: list[list[int]]) -> list[tuple[str, Plan]]:
-        return _fallbacks(problem, stages, seed)
-
+    fallbacks = functools.partial(_fallbacks, problem, seed=seed)  # it pickles: a worker may run the search
     split = plan_in_groups(problem, seed, time_limit_s, fallbacks)  # islands, large clusters of sites
     return split if split is not None else plan_whole_or_grouped(problem, seed, time_limit_s, fallbacks)
 
 
-def _fallbacks(problem: Problem, stages: list[list[int]], seed: int) -> list[tuple[str, Plan]]:
+def _fallbacks(problem: Problem, stages: list[list[int]], *, seed: int) -> list[tuple[str, Plan]]:
     """skippipe's safety net: the naive plan and the random plan on skippipe's allocation (the
     ``random`` method's plan for the same seed), simulated; those that finish."""
     out: list[tuple[str, Plan]] = []

@@ -53,8 +53,9 @@ from skippipe.cluster import Cluster
 from skippipe.errors import LoadCapsTooSmall, UserError
 from skippipe.planfile import Microbatch, Plan
 from skippipe.planner.problem import Problem
-from skippipe.planner.routing.schedule import plan_no_tc2, plan_skippipe, quickest
+from skippipe.planner.routing.schedule import plan_no_tc2, quickest
 from skippipe.planner.routing.slow_links import slow_link_mask
+from skippipe.planner.routing.workers import GroupPlanner
 from skippipe.sim import simulate
 
 DECOMPOSE_NODES = 200  # clusters above this many nodes get the candidate
@@ -265,21 +266,21 @@ def cost_key(p: Problem) -> bytes:
 
 
 def probed_rows(
-    problem: Problem, groups: list[list[int]], sizes: list[list[int]], probe_group: Callable[[Problem], Plan]
+    problem: Problem, groups: list[list[int]], sizes: list[list[int]],
+    probe_groups: Callable[[list[Problem]], list[Plan]],
 ) -> list[list[int]]:
     """The stage sizes per island whose probed plans have the quickest slowest island: the
-    apportioned ones, then data nodes moved by the probed makespans (see the module text)."""
+    apportioned ones, then data nodes moved by the probed makespans (see the module text).
+    ``probe_groups`` plans a batch of islands (the ones not probed yet)."""
     probed: dict[bytes, float] = {}
 
     def spans(rows: list[list[int]]) -> list[float]:
-        out = []
-        for nodes, row in zip(groups, rows):
-            sub = sub_problem(problem, nodes, row)
-            key = cost_key(sub)
-            if key not in probed:
-                probed[key] = float(probe_group(sub).predicted_makespan_s or 0.0)
-            out.append(probed[key])
-        return out
+        subs = [sub_problem(problem, nodes, row) for nodes, row in zip(groups, rows)]
+        keys = [cost_key(sub) for sub in subs]
+        fresh = {key: sub for key, sub in zip(keys, subs) if key not in probed}
+        for key, plan in zip(fresh, probe_groups(list(fresh.values()))):
+            probed[key] = float(plan.predicted_makespan_s or 0.0)
+        return [probed[key] for key in keys]
 
     rows, now = sizes, spans(sizes)
     for _ in range(REBALANCE_ROUNDS):
@@ -297,14 +298,14 @@ def probed_rows(
 
 
 def decomposed_plan(
-    problem: Problem, seed: int, plan_group: Callable[[Problem, int], Plan],
-    probe_group: Callable[[Problem], Plan] | None = None,
+    problem: Problem, seed: int, plan_groups: Callable[[list[Problem], int], list[Plan]],
+    probe_groups: Callable[[list[Problem]], list[Plan]] | None = None,
 ) -> Plan | None:
     """The merged plan of the groups (see the module text), or None when the cluster is not
     split: a fixed allocation or stage sizes, groups that are not one site each, or too small
-    for the stages. ``plan_group(sub_problem, number_of_groups)`` plans one group;
-    ``probe_group(sub_problem)``, a quick plan of one, is used to move data nodes between
-    islands (none moved without it)."""
+    for the stages. ``plan_groups(sub_problems, number_of_groups)`` plans a batch of groups
+    (those of distinct costs); ``probe_groups(sub_problems)``, quick plans of a batch, are used
+    to move data nodes between islands (none moved without it)."""
     if problem.fixed_stages is not None or problem.workload.stage_sizes is not None:
         return None
     groups, candidate = islands(problem.transfer_s), "islands"
@@ -318,21 +319,17 @@ def decomposed_plan(
     if sizes is None:
         return None
     meta: dict = {"candidate": candidate, "groups": [len(g) for g in groups]}
-    if candidate == "islands" and problem.n <= REBALANCE_NODES and probe_group is not None:
-        rows = probed_rows(problem, groups, sizes, probe_group)
+    if candidate == "islands" and problem.n <= REBALANCE_NODES and probe_groups is not None:
+        rows = probed_rows(problem, groups, sizes, probe_groups)
         if rows != sizes:
             sizes = rows
             meta["data_nodes_moved"] = [row[0] for row in rows]
-    planned: dict[bytes, Plan] = {}
-    parts = []
-    for nodes, row in zip(groups, sizes):
-        sub = sub_problem(problem, nodes, row)
-        key = cost_key(sub)
-        if key not in planned:
-            planned[key] = plan_group(sub, len(groups))
-        parts.append((nodes, planned[key]))
+    subs = [sub_problem(problem, nodes, row) for nodes, row in zip(groups, sizes)]
+    keys = [cost_key(sub) for sub in subs]
+    distinct = {key: sub for key, sub in zip(keys, subs)}
+    planned = dict(zip(distinct, plan_groups(list(distinct.values()), len(groups))))
     meta["group_plans"] = len(planned)
-    return merge(problem, parts, seed, meta)
+    return merge(problem, [(nodes, planned[key]) for nodes, key in zip(groups, keys)], seed, meta)
 
 
 def plan_in_groups(
@@ -342,19 +339,20 @@ def plan_in_groups(
     """Method ``skippipe`` on a cluster that splits into sites (``decomposed_plan``): the merged
     plan, unless the ``skippipe-no-tc2`` plan or a fallback on its allocation is quicker (the
     same safety net as ``plan_skippipe``); None when the cluster does not split."""
-    def plan_group(sub: Problem, groups: int) -> Plan:
+    def plan_groups(subs: list[Problem], groups: int) -> list[Plan]:
         share = None if time_limit_s is None else 0.8 * time_limit_s / groups
         budget = GROUP_BUDGET if problem.n > DECOMPOSE_NODES else None  # small islands: the default search
-        return plan_skippipe(sub, seed=seed, time_limit_s=share, budget=budget)
+        return planner.plan(subs, seed=seed, time_limit_s=share, budget=budget)
 
-    def probe_group(sub: Problem) -> Plan:
+    def probe_groups(subs: list[Problem]) -> list[Plan]:
         share = None if time_limit_s is None else 0.02 * time_limit_s
-        return plan_skippipe(sub, seed=seed, time_limit_s=share, budget=PROBE_BUDGET)
+        return planner.plan(subs, seed=seed, time_limit_s=share, budget=PROBE_BUDGET)
 
-    try:
-        split = decomposed_plan(problem, seed, plan_group, probe_group)
-    except LoadCapsTooSmall:  # an island cannot carry the visits of its share: plan the cluster whole
-        return None
+    with GroupPlanner() as planner:
+        try:
+            split = decomposed_plan(problem, seed, plan_groups, probe_groups)
+        except LoadCapsTooSmall:  # an island cannot carry the visits of its share: plan the cluster whole
+            return None
     if split is None:
         return None
     split.predicted_makespan_s = float(simulate(split, record=False, bound=False).makespan_s)

@@ -44,6 +44,7 @@ from skippipe.planner.problem import Problem
 from skippipe.planner.routing import decompose
 from skippipe.planner.routing.budget import PLANNING_SHARE, default_budget, planning_target_s
 from skippipe.planner.routing.schedule import plan_skippipe, quickest
+from skippipe.planner.routing.workers import GroupPlanner
 from skippipe.sim import simulate
 
 SPLIT_NODES = 48  # clusters from this many nodes get the candidate
@@ -99,27 +100,31 @@ def site_groups(problem: Problem) -> list[list[int]] | None:
 
 
 def grouped_plan(
-    problem: Problem, groups: list[list[int]], seed: int, time_limit_s: float | None, thorough: bool = True
+    problem: Problem, groups: list[list[int]], seed: int, time_limit_s: float | None, thorough: bool = True,
+    planner: GroupPlanner | None = None,
 ) -> Plan | None:
     """The merged plan of ``groups`` (step 2 of the module text), simulated; None when the
     stages cannot be dealt over the groups or a group cannot be planned. ``thorough``: the
-    start of each group's search (``plan_skippipe``)."""
+    start of each group's search (``plan_skippipe``); ``planner`` plans the groups (by default
+    in this process, one after another)."""
     sizes = decompose.apportion(problem.stage_sizes, groups, 1.0 / problem.forward_s)
     if sizes is None:
         return None
     share = None if time_limit_s is None else 0.4 * time_limit_s / (len(groups) * (decompose.REBALANCE_ROUNDS + 1))
     budget = decompose.GROUP_BUDGET if time_limit_s is None else None
     planned: dict[bytes, Plan] = {}
+    plans = planner or GroupPlanner(workers=1)
 
-    def plan_group(sub: Problem) -> Plan:
-        key = decompose.cost_key(sub)
-        if key not in planned:
-            planned[key] = plan_skippipe(sub, seed=seed, time_limit_s=share, budget=budget, thorough=thorough)
-        return planned[key]
+    def plan_groups(subs: list[Problem]) -> list[Plan]:
+        fresh = {key: sub for key, sub in ((decompose.cost_key(sub), sub) for sub in subs) if key not in planned}
+        planned.update(zip(fresh, plans.plan(list(fresh.values()), seed=seed, time_limit_s=share, budget=budget,
+                                             thorough=thorough)))
+        return [planned[decompose.cost_key(sub)] for sub in subs]
 
     try:
-        rows = decompose.probed_rows(problem, groups, sizes, plan_group)
-        parts = [(nodes, plan_group(decompose.sub_problem(problem, nodes, row))) for nodes, row in zip(groups, rows)]
+        rows = decompose.probed_rows(problem, groups, sizes, plan_groups)
+        subs = [decompose.sub_problem(problem, nodes, row) for nodes, row in zip(groups, rows)]
+        parts = list(zip(groups, plan_groups(subs)))
     except UserError:  # a group the caps or the path rules cannot serve: the whole plan stands
         return None
     meta = {"candidate": CANDIDATE, "groups": [len(g) for g in groups], "group_data_nodes": [row[0] for row in rows]}
@@ -141,15 +146,18 @@ def plan_whole_or_grouped(
     groups = site_groups(problem)
     if groups is None:
         return plan_skippipe(problem, seed=seed, time_limit_s=time_limit_s, fallbacks=fallbacks)
-    if problem.n > decompose.DECOMPOSE_NODES:
-        split = grouped_plan(problem, groups, seed, time_limit_s, thorough=False)
-        if split is None:
-            return plan_skippipe(problem, seed=seed, time_limit_s=time_limit_s, fallbacks=fallbacks)
-        return decompose.behind_safety_net(problem, split, seed, fallbacks)
-    half = None if time_limit_s is None else 0.5 * time_limit_s
-    budget = None if time_limit_s is not None else max(1, default_budget(problem) // 2)
-    whole = plan_skippipe(problem, seed=seed, time_limit_s=half, budget=budget, fallbacks=fallbacks)
-    split = grouped_plan(problem, groups, seed, time_limit_s)
+    with GroupPlanner() as planner:
+        if problem.n > decompose.DECOMPOSE_NODES:
+            split = grouped_plan(problem, groups, seed, time_limit_s, thorough=False, planner=planner)
+            if split is None:
+                return plan_skippipe(problem, seed=seed, time_limit_s=time_limit_s, fallbacks=fallbacks)
+            return decompose.behind_safety_net(problem, split, seed, fallbacks)
+        half = None if time_limit_s is None else 0.5 * time_limit_s
+        budget = None if time_limit_s is not None else max(1, default_budget(problem) // 2)
+        whole_search = planner.submit(plan_skippipe, problem, seed=seed, time_limit_s=half, budget=budget,
+                                      fallbacks=fallbacks)
+        split = grouped_plan(problem, groups, seed, time_limit_s, planner=planner)
+        whole = whole_search.result()
     if split is None:
         return whole
     plan = quickest(whole, [(CANDIDATE, split)])

@@ -1,0 +1,136 @@
+"""Groups planned in worker processes (``planner.routing.workers``): the same plans as in one
+process, errors raised in the caller with their type, no workers where the process runs other
+threads, and the worker count read from ``SKIPPIPE_PLANNING_WORKERS``."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from skippipe.cli import main
+from skippipe.cluster_gen import random_global_cluster
+from skippipe.errors import LoadCapsTooSmall, UserError
+from skippipe.planner import methods
+from skippipe.planner.problem import build_problem
+from skippipe.planner.routing import decompose
+from skippipe.planner.routing import site_groups as G
+from skippipe.planner.routing import workers as W
+from skippipe.workload import Workload
+
+WORKLOAD = Workload(num_stages=4, path_length=3)
+
+
+def _file(plan) -> dict:
+    """The plan file without the wall-clock seconds it took (``meta.planning_s``)."""
+    out = plan.to_dict()
+    out["meta"].pop("planning_s", None)
+    return out
+
+
+def _group_problems(seed: int) -> list:
+    problem = build_problem(random_global_cluster(36, seed=seed, sites=3, speed=(0.5, 2.0), memory=(1, 4)), WORKLOAD)
+    groups = decompose.locality_groups(problem.transfer_s, 10)
+    sizes = decompose.apportion(problem.stage_sizes, groups, 1.0 / problem.forward_s)
+    return [decompose.sub_problem(problem, g, row) for g, row in zip(groups, sizes)]
+
+
+def test_groups_planned_in_workers_are_the_plans_of_one_process():
+    subs = _group_problems(seed=2)
+    assert len(subs) >= 2
+    here = W.GroupPlanner(workers=1).plan(subs, seed=0, budget=80)
+    with W.GroupPlanner(workers=2) as planner:
+        assert planner.start()  # pytest runs one thread: the workers are forked
+        there = planner.plan(subs, seed=0, budget=80)
+        whole = planner.submit(methods.make_plan, "naive", subs[0], seed=0).result()
+    assert [_file(p) for p in there] == [_file(p) for p in here]
+    assert _file(whole) == _file(methods.make_plan("naive", subs[0], seed=0))
+
+
+def test_skippipe_plans_the_same_with_one_worker_or_two(monkeypatch):
+    """Whole and in groups (the 48-200-node candidate, here from 24 nodes): the whole search
+    and the groups go to the workers; the plan file is the same but for the seconds it took."""
+    monkeypatch.setattr(G, "SPLIT_NODES", 24)
+    monkeypatch.setattr(G, "GROUP_NODES", 8)
+    problem = build_problem(random_global_cluster(30, seed=5, sites=3, speed=(0.5, 2.0), memory=(1, 4)), WORKLOAD)
+    assert G.site_groups(problem) is not None
+    plans = {}
+    for count in ("1", "2"):
+        monkeypatch.setenv(W.WORKERS_ENV, count)
+        plans[count] = _file(methods.make_plan("skippipe", problem, seed=0))
+    assert plans["1"] == plans["2"]
+    assert "whole_makespan_s" in plans["2"]["meta"] or "grouped_makespan_s" in plans["2"]["meta"]
+
+
+def test_an_error_in_a_worker_is_raised_in_the_caller_with_its_type():
+    """Two islands whose apportioned stages the TC1 caps cannot route (as in test_decompose)."""
+    cluster = random_global_cluster(10, 5, sites=2, speed=(0.2, 3.0), broken=1.0)
+    problem = build_problem(cluster, Workload(num_stages=3, path_length=3, microbatches_per_data_node=2, max_swaps=0))
+    groups = decompose.islands(problem.transfer_s)
+    sizes = decompose.apportion(problem.stage_sizes, groups, 1.0 / problem.forward_s)
+    subs = [decompose.sub_problem(problem, g, row) for g, row in zip(groups, sizes)]
+    with pytest.raises(LoadCapsTooSmall):
+        W.GroupPlanner(workers=1).plan(subs, seed=0, budget=50)
+    with W.GroupPlanner(workers=2) as planner, pytest.raises(LoadCapsTooSmall):
+        planner.plan(subs, seed=0, budget=50)
+
+
+def test_no_workers_are_forked_from_a_process_that_runs_other_threads():
+    release = threading.Event()
+    other = threading.Thread(target=release.wait, daemon=True)
+    other.start()
+    try:
+        with W.GroupPlanner(workers=2) as planner:
+            assert not planner.start() and planner.workers == 1
+            subs = _group_problems(seed=2)[:2]
+            assert [_file(p) for p in planner.plan(subs, seed=0, budget=40)] == \
+                [_file(p) for p in W.GroupPlanner(workers=1).plan(subs, seed=0, budget=40)]
+    finally:
+        release.set()
+        other.join()
+
+
+@pytest.mark.parametrize("raw,count", [("", W.DEFAULT_WORKERS), ("1", 1), (" 3 ", 3)])
+def test_the_worker_count_comes_from_the_environment(monkeypatch, raw, count):
+    monkeypatch.setenv(W.WORKERS_ENV, raw)
+    assert W.planning_workers() == count
+
+
+@pytest.mark.parametrize("raw", ["0", "two", "-1", "65", "1.5"])
+def test_a_bad_worker_count_is_refused(monkeypatch, raw):
+    monkeypatch.setenv(W.WORKERS_ENV, raw)
+    with pytest.raises(UserError, match=W.WORKERS_ENV):
+        W.planning_workers()
+
+
+def test_the_cli_refuses_a_bad_worker_count_in_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv(W.WORKERS_ENV, "many")
+    out = tmp_path / "plan.json"
+    code = main(["plan", "--cluster", "gcp-2025/geo-distributed/20", "--method", "skippipe", "--out", str(out)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "\n" not in err and W.WORKERS_ENV in err
+    assert not out.exists()
+
+
+def test_the_plan_command_progress_bar_starts_no_thread():
+    """``skippipe plan``'s bar (shown on a terminal) must leave the process to one thread, or
+    the planner would plan every group in the command's process."""
+    from skippipe.commands.plan import progress
+
+    before = threading.active_count()
+    with progress("planning", 2) as bar:
+        bar.update(1)
+        assert threading.active_count() == before
+
+
+def test_groups_are_planned_here_when_a_worker_dies():
+    import os
+    import signal
+
+    subs = _group_problems(seed=2)
+    here = [_file(p) for p in W.GroupPlanner(workers=1).plan(subs, seed=0, budget=40)]
+    with W.GroupPlanner(workers=2) as planner:
+        assert planner.start()
+        pending = planner.submit(os.getpid)  # the worker's pid, then kill it
+        os.kill(pending.result(), signal.SIGKILL)
+        assert [_file(p) for p in planner.plan(subs, seed=0, budget=40)] == here
