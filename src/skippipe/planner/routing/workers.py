@@ -113,7 +113,7 @@ class GroupPlanner:
 
     def submit(self, work: Callable[..., T], *args: Any, **kwargs: Any) -> Pending[T]:
         """``work(*args, **kwargs)`` handed to a worker when the planner has workers (forked
-        first; the call must pickle), else made at once here."""
+        first; the call must pickle), else made here when its result is asked for."""
         if self.start():
             assert self._pool is not None
             try:
