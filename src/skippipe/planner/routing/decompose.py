@@ -265,6 +265,17 @@ def cost_key(p: Problem) -> bytes:
                                                                  np.asarray(p.stage_sizes)))
 
 
+def distinct_plans(
+    subs: list[Problem], plan_batch: Callable[[list[Problem]], list[Plan]], planned: dict[bytes, Plan]
+) -> list[Plan]:
+    """The plans of ``subs``, each cost (``cost_key``) planned once: those not yet in ``planned``
+    by one call of ``plan_batch``, kept in ``planned``."""
+    keys = [cost_key(sub) for sub in subs]
+    fresh = {key: sub for key, sub in zip(keys, subs) if key not in planned}
+    planned.update(zip(fresh, plan_batch(list(fresh.values()))))
+    return [planned[key] for key in keys]
+
+
 def probed_rows(
     problem: Problem, groups: list[list[int]], sizes: list[list[int]],
     probe_groups: Callable[[list[Problem]], list[Plan]],
@@ -272,15 +283,11 @@ def probed_rows(
     """The stage sizes per island whose probed plans have the quickest slowest island: the
     apportioned ones, then data nodes moved by the probed makespans (see the module text).
     ``probe_groups`` plans a batch of islands (the ones not probed yet)."""
-    probed: dict[bytes, float] = {}
+    probed: dict[bytes, Plan] = {}
 
     def spans(rows: list[list[int]]) -> list[float]:
         subs = [sub_problem(problem, nodes, row) for nodes, row in zip(groups, rows)]
-        keys = [cost_key(sub) for sub in subs]
-        fresh = {key: sub for key, sub in zip(keys, subs) if key not in probed}
-        for key, plan in zip(fresh, probe_groups(list(fresh.values()))):
-            probed[key] = float(plan.predicted_makespan_s or 0.0)
-        return [probed[key] for key in keys]
+        return [float(plan.predicted_makespan_s or 0.0) for plan in distinct_plans(subs, probe_groups, probed)]
 
     rows, now = sizes, spans(sizes)
     for _ in range(REBALANCE_ROUNDS):
@@ -325,11 +332,10 @@ def decomposed_plan(
             sizes = rows
             meta["data_nodes_moved"] = [row[0] for row in rows]
     subs = [sub_problem(problem, nodes, row) for nodes, row in zip(groups, sizes)]
-    keys = [cost_key(sub) for sub in subs]
-    distinct = {key: sub for key, sub in zip(keys, subs)}
-    planned = dict(zip(distinct, plan_groups(list(distinct.values()), len(groups))))
+    planned: dict[bytes, Plan] = {}
+    plans = distinct_plans(subs, lambda batch: plan_groups(batch, len(groups)), planned)
     meta["group_plans"] = len(planned)
-    return merge(problem, [(nodes, planned[key]) for nodes, key in zip(groups, keys)], seed, meta)
+    return merge(problem, list(zip(groups, plans)), seed, meta)
 
 
 def plan_in_groups(

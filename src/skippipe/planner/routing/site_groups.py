@@ -116,10 +116,9 @@ def grouped_plan(
     plans = planner or GroupPlanner(workers=1)
 
     def plan_groups(subs: list[Problem]) -> list[Plan]:
-        fresh = {key: sub for key, sub in ((decompose.cost_key(sub), sub) for sub in subs) if key not in planned}
-        planned.update(zip(fresh, plans.plan(list(fresh.values()), seed=seed, time_limit_s=share, budget=budget,
-                                             thorough=thorough)))
-        return [planned[decompose.cost_key(sub)] for sub in subs]
+        return decompose.distinct_plans(
+            subs, lambda batch: plans.plan(batch, seed=seed, time_limit_s=share, budget=budget, thorough=thorough),
+            planned)
 
     try:
         rows = decompose.probed_rows(problem, groups, sizes, plan_groups)
