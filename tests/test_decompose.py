@@ -174,6 +174,61 @@ def test_data_nodes_move_to_quick_islands_keeping_every_total(data):
             assert moved != rows
 
 
+def test_a_single_move_leaves_the_slowest_island_where_moves_by_scaled_makespans_stop():
+    rows, spans = [[2, 2], [2, 2], [2, 2]], [10.0, 10.0, 5.0]  # two islands tied at the slowest
+    assert D.moved_data_nodes(rows, spans) == rows  # moving from both does not lower the slowest
+    assert D.moved_data_nodes(rows, spans, single=True) == [[1, 3], [2, 2], [3, 1]]  # the first slowest gives one
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_a_single_move_takes_one_data_node_from_the_slowest_island(data):
+    k = data.draw(st.integers(2, 4))
+    S = data.draw(st.integers(2, 5))
+    rows = [[data.draw(st.integers(1, 6)) for _ in range(S)] for _ in range(k)]
+    spans = [data.draw(st.floats(1.0, 100.0)) for _ in range(k)]
+    moved = D.moved_data_nodes(rows, spans, single=True)
+    assert [sum(r) for r in moved] == [sum(r) for r in rows]
+    assert [sum(c) for c in zip(*moved)] == [sum(c) for c in zip(*rows)]
+    assert all(min(r) >= 1 for r in moved)
+    if moved != rows:
+        slow = max(range(k), key=lambda i: (spans[i], -i))
+        assert [r[0] - m[0] for r, m in zip(rows, moved)].count(0) == k - 2
+        assert moved[slow][0] == rows[slow][0] - 1
+        assert sum(abs(a - b) for r, m in zip(rows, moved) for a, b in zip(r, m)) == 4  # one node each way
+
+
+def test_probed_rows_go_on_with_single_moves_while_the_slowest_island_gets_quicker():
+    """Two sites of 20 nodes, probed by a table of makespans by data nodes: moving two data
+    nodes (what the makespans scaled by data nodes ask for) makes the quick island slow, one
+    data node pays; only the single moves find it, and they stop where the slowest island
+    would not get quicker."""
+    from types import SimpleNamespace
+
+    cluster, site_of = _sites_cluster([20, 20], speed=np.linspace(1.0, 1.4, 40))  # islands of other costs
+    problem = build_problem(cluster, Workload(num_stages=4, path_length=3))
+    groups = [sorted(np.flatnonzero(site_of == k).tolist()) for k in range(2)]
+    table = {0: {4: 40.0, 3: 30.0, 2: 20.0}, 1: {2: 10.0, 3: 20.0, 4: 45.0}}  # island -> data nodes -> makespan
+    probed: list[tuple[int, int]] = []
+
+    def probe(subs):
+        out = []
+        for sub in subs:
+            island = 0 if sub.cluster.name.endswith(f"from {groups[0][0]}]") else 1
+            probed.append((island, sub.stage_sizes[0]))
+            out.append(SimpleNamespace(predicted_makespan_s=table[island][sub.stage_sizes[0]]))
+        return out
+
+    sizes = [[4, 6, 5, 5], [2, 6, 6, 6]]
+    assert [r[0] for r in D.moved_data_nodes(sizes, [40.0, 10.0])] == [2, 4]  # two moved: 45 s there
+    assert D.probed_rows(problem, groups, sizes, probe) == sizes
+    probed.clear()
+    rows = D.probed_rows(problem, groups, sizes, probe, single_rounds=3)
+    assert [r[0] for r in rows] == [3, 3]  # 30 s and 20 s: the slowest island 40 -> 30 s
+    assert [sum(c) for c in zip(*rows)] == [sum(c) for c in zip(*sizes)]
+    assert set(probed) == {(0, 2), (0, 3), (0, 4), (1, 2), (1, 3), (1, 4)}  # the two moved were probed too
+
+
 def test_islands_get_data_nodes_by_their_makespans():
     from skippipe.cluster_gen import random_global_cluster
     from skippipe.planner.routing.schedule import plan_skippipe

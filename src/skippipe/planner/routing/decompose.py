@@ -186,7 +186,7 @@ def _trade(rows: list[list[int]], row: list[int], s: int) -> bool:
     return False
 
 
-def moved_data_nodes(rows: list[list[int]], spans: list[float]) -> list[list[int]]:
+def moved_data_nodes(rows: list[list[int]], spans: list[float], single: bool = False) -> list[list[int]]:
     """Stage sizes per island with data nodes moved from slow islands to quick ones, ``spans``
     being the islands' planned makespans. An island's makespan is taken to scale with its data
     nodes (its microbatches); a data node goes from the island that would be slowest to the one
@@ -194,13 +194,14 @@ def moved_data_nodes(rows: list[list[int]], spans: list[float]) -> list[list[int
     taker gives up a node of its largest stage, the latest of them (its visits hold their slots
     the shortest: a path holds a slot from its visit to the end), the giver gains one there and
     keeps a data node. Row sums and stage totals are kept; ``rows`` when the slowest island
-    would not get quicker."""
+    would not get quicker. ``single``: one data node at most, from the island planned slowest,
+    even where another is as slow (whether that pays is left to the probe)."""
     out = [list(r) for r in rows]
 
     def after(i: int, data: int) -> float:
         return spans[i] * data / rows[i][0]
 
-    for _ in range(sum(r[0] for r in rows)):
+    for _ in range(1 if single else sum(r[0] for r in rows)):
         slow = max(range(len(out)), key=lambda i: (after(i, out[i][0]), -i))
         if out[slow][0] < 2:
             break
@@ -215,7 +216,7 @@ def moved_data_nodes(rows: list[list[int]], spans: list[float]) -> list[list[int
         out[slow][s] += 1
         out[take][0] += 1
         out[take][s] -= 1
-    if max(after(i, r[0]) for i, r in enumerate(out)) >= max(spans):
+    if not single and max(after(i, r[0]) for i, r in enumerate(out)) >= max(spans):
         return [list(r) for r in rows]  # islands tied at the slowest: nothing won
     return out
 
@@ -278,11 +279,12 @@ def distinct_plans(
 
 def probed_rows(
     problem: Problem, groups: list[list[int]], sizes: list[list[int]],
-    probe_groups: Callable[[list[Problem]], list[Plan]],
+    probe_groups: Callable[[list[Problem]], list[Plan]], single_rounds: int = 0,
 ) -> list[list[int]]:
     """The stage sizes per island whose probed plans have the quickest slowest island: the
-    apportioned ones, then data nodes moved by the probed makespans (see the module text).
-    ``probe_groups`` plans a batch of islands (the ones not probed yet)."""
+    apportioned ones, then data nodes moved by the probed makespans (see the module text), then
+    up to ``single_rounds`` single data nodes moved from the slowest island (``moved_data_nodes``
+    with ``single``). ``probe_groups`` plans a batch of islands (the ones not probed yet)."""
     probed: dict[bytes, Plan] = {}
 
     def spans(rows: list[list[int]]) -> list[float]:
@@ -290,17 +292,18 @@ def probed_rows(
         return [float(plan.predicted_makespan_s or 0.0) for plan in distinct_plans(subs, probe_groups, probed)]
 
     rows, now = sizes, spans(sizes)
-    for _ in range(REBALANCE_ROUNDS):
-        moved = moved_data_nodes(rows, now)
-        if moved == rows:
-            break
-        try:
-            then = spans(moved)
-        except UserError:  # a moved split the caps cannot carry
-            break
-        if max(then) >= max(now) - 1e-9:
-            break
-        rows, now = moved, then
+    for single, rounds in ((False, REBALANCE_ROUNDS), (True, single_rounds)):
+        for _ in range(rounds):
+            moved = moved_data_nodes(rows, now, single)
+            if moved == rows:
+                break
+            try:
+                then = spans(moved)
+            except UserError:  # a moved split the caps cannot carry
+                break
+            if max(then) >= max(now) - 1e-9:
+                break
+            rows, now = moved, then
     return rows
 
 

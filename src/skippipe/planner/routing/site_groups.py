@@ -15,7 +15,8 @@ site and one slot per node: 162.96 s whole against 263.04 s in groups), so both 
 2. ``decompose.locality_groups`` of at least ``GROUP_NODES`` nodes (a site, or near sites
    joined), stage sizes by ``decompose.apportion``, each group planned with
    ``decompose.GROUP_BUDGET`` simulations; data nodes moved between groups by the groups'
-   makespans (``decompose.moved_data_nodes``, the same rounds as for islands); merged.
+   makespans (``decompose.moved_data_nodes``, the same rounds as for islands, then up to
+   ``SINGLE_ROUNDS`` single moves from the slowest group); merged.
 
 The quicker plan is kept. Under a time limit the whole search gets half of it and the group
 plans share 40 %. Not tried on one site (no hop dearer than ``decompose.TIGHT`` x the
@@ -50,6 +51,11 @@ from skippipe.sim import simulate
 SPLIT_NODES = 48  # clusters from this many nodes get the candidate
 GROUP_NODES = 16  # a group holds at least this many nodes
 CANDIDATE = "groups of sites"
+# after the moves of ``decompose.probed_rows``, single data nodes moved from the slowest group,
+# probed, at most this many times: where one group stays the slowest, a move from it alone
+# still pays (midsize row 9, 600 nodes in 40 sites: 66.89 -> 64.46 s; a 450-node cluster of 35
+# sites 63.25 -> 62.47 s; the same plans on ten other clusters of 80-1,000 nodes)
+SINGLE_ROUNDS = 3
 # above DECOMPOSE_NODES nodes: a node's site mates are the nodes within SITE_HOP x its cheapest
 # hop, and the cluster has sites when the median node has SITE_MATES mates or more (measured on
 # generated clusters of 201-800 nodes: 3-6 with one node per site, 9-11 with sites of 10 nodes)
@@ -121,7 +127,7 @@ def grouped_plan(
             planned)
 
     try:
-        rows = decompose.probed_rows(problem, groups, sizes, plan_groups)
+        rows = decompose.probed_rows(problem, groups, sizes, plan_groups, SINGLE_ROUNDS)
         subs = [decompose.sub_problem(problem, nodes, row) for nodes, row in zip(groups, rows)]
         parts = list(zip(groups, plan_groups(subs)))
     except UserError:  # a group the caps or the path rules cannot serve: the whole plan stands
