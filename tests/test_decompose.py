@@ -181,6 +181,13 @@ def test_data_nodes_move_to_quick_islands_keeping_every_total(data):
             assert moved != rows
 
 
+def test_islands_tied_at_the_slowest_stay_tied_whatever_the_rounding():
+    # 26.28... x 5 / 5 is one unit in the last place below 26.28...: the island with 5 data nodes
+    # was then taken as quicker than its twin with 2, and the single move came from the twin
+    rows, spans = [[1, 1, 1, 2], [5, 1, 1, 1], [1, 1, 1, 1], [2, 1, 1, 1]], [1.0, 26.283822016008187, 1.0, 26.283822016008187]
+    assert D.moved_data_nodes(rows, spans, single=True)[1][0] == 4  # the first of the two slowest gives one
+
+
 def test_a_single_move_leaves_the_slowest_island_where_moves_by_scaled_makespans_stop():
     rows, spans = [[2, 2], [2, 2], [2, 2]], [10.0, 10.0, 5.0]  # two islands tied at the slowest
     assert D.moved_data_nodes(rows, spans) == rows  # moving from both does not lower the slowest

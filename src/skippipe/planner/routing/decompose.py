@@ -198,8 +198,8 @@ def moved_data_nodes(rows: list[list[int]], spans: list[float], single: bool = F
     even where another is as slow (whether that pays is left to the probe)."""
     out = [list(r) for r in rows]
 
-    def after(i: int, data: int) -> float:
-        return spans[i] * data / rows[i][0]
+    def after(i: int, data: int) -> float:  # exact at the island's own count (ties stay ties)
+        return spans[i] if data == rows[i][0] else spans[i] * data / rows[i][0]
 
     for _ in range(1 if single else sum(r[0] for r in rows)):
         slow = max(range(len(out)), key=lambda i: (after(i, out[i][0]), -i))
