@@ -54,7 +54,7 @@ CANDIDATE = "groups of sites"
 # after the moves of ``decompose.probed_rows``, single data nodes moved from the slowest group,
 # probed, at most this many times: where one group stays the slowest, a move from it alone
 # still pays (midsize row 9, 600 nodes in 40 sites: 66.89 -> 64.46 s; a 450-node cluster of 35
-# sites 63.25 -> 62.47 s; the same plans on ten other clusters of 80-1,000 nodes)
+# sites 63.25 -> 62.47 s; the same plans on ten other clusters of 80-350 nodes)
 SINGLE_ROUNDS = 3
 # above DECOMPOSE_NODES nodes: a node's site mates are the nodes within SITE_HOP x its cheapest
 # hop, and the cluster has sites when the median node has SITE_MATES mates or more (measured on
