@@ -116,7 +116,10 @@ def grouped_plan(
     sizes = decompose.apportion(problem.stage_sizes, groups, 1.0 / problem.forward_s)
     if sizes is None:
         return None
-    share = None if time_limit_s is None else 0.4 * time_limit_s / (len(groups) * (decompose.REBALANCE_ROUNDS + 1))
+    # under a time limit each group plan's share: the 40 % over every plan the rounds may make
+    # (every group once per round of many moves, two groups per single move)
+    most = len(groups) * (decompose.REBALANCE_ROUNDS + 1) + 2 * SINGLE_ROUNDS
+    share = None if time_limit_s is None else 0.4 * time_limit_s / most
     budget = decompose.GROUP_BUDGET if time_limit_s is None else None
     planned: dict[bytes, Plan] = {}
     plans = planner or GroupPlanner(workers=1)
