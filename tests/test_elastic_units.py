@@ -216,3 +216,43 @@ def test_an_error_inside_the_local_step_goes_on_and_drops_the_held_signal():
             latch.hold_or_raise(PeerLost(None, "held"))
             raise ValueError("diverged")
     assert latch.pending is None and not latch.holding
+
+
+def test_a_recovery_signal_during_the_handoff_does_not_cut_it_short(tmp_path, monkeypatch):
+    """A worker that lost a peer on its own hands over at once; the launcher's signal lands while
+    it writes (seen in CI: the surviving data node left an empty step folder, no handoff.json,
+    and the run stopped with its stage counted as lost). Once ``handing_over`` is set the signal
+    is dropped; without it the same signal cuts the handoff short."""
+    import os
+    import signal
+
+    from skippipe.errors import PeerLost
+    from skippipe.runtime import entry
+    from skippipe.runtime.faults import RECOVERY_SIGNAL
+    from skippipe.runtime.handoff import LATCH
+
+    real_save = ckpt.save_stage
+
+    def save_then_signal(*args, **kwargs):
+        os.kill(os.getpid(), RECOVERY_SIGNAL)  # handled at the next Python call below
+        real_save(*args, **kwargs)
+
+    monkeypatch.setattr(ckpt, "save_stage", save_then_signal)
+    old = signal.getsignal(RECOVERY_SIGNAL)
+    try:
+        for handing_over, folder in ((False, tmp_path / "plain"), (True, tmp_path / "latched")):
+            entry._install_recovery_handler()  # a fresh handler: it fires once
+            module, opt = _tiny()
+            snap = StepSnapshot()
+            _train_step(module, opt, snap, 0)
+            LATCH.handing_over = handing_over
+            if handing_over:
+                assert hand_off(folder, 0, 0, module, opt, 1, snap, [1.0]) == [1, 0]
+                assert read_handoffs(folder)[0].steps == [1, 0]
+            else:
+                with pytest.raises(PeerLost):
+                    hand_off(folder, 0, 0, module, opt, 1, snap, [1.0])
+                assert read_handoffs(folder) == {}
+    finally:
+        LATCH.handing_over = False
+        signal.signal(RECOVERY_SIGNAL, old)

@@ -194,7 +194,7 @@ def _run(args: WorkerArgs, stop: StopRequest) -> int:
     from skippipe.runtime import rejoin
     from skippipe.runtime.config import load_run_config
     from skippipe.runtime.emulation import Emulation
-    from skippipe.runtime.handoff import hand_off, handoff_dir
+    from skippipe.runtime.handoff import LATCH, hand_off, handoff_dir
     from skippipe.runtime.local_checkpoint import root_of
     from skippipe.runtime.local_resume import resume_position, share_from_owner
     from skippipe.runtime.measured_costs import write_measurements
@@ -300,6 +300,7 @@ def _run(args: WorkerArgs, stop: StopRequest) -> int:
         try:
             stats = worker.run(start, train_cfg.steps, args.until)
         except (PeerLost, MessageTimeout, BadMessage):
+            LATCH.handing_over = True  # first: the launcher's recovery signal must not cut the handoff short
             folder = handoff_dir()
             if folder is not None and worker.snapshot is not None:  # elastic: hand this stage's state over
                 steps = hand_off(folder, node, worker.stage_index, worker.stage, worker.optimizer, worker.steps,

@@ -75,12 +75,21 @@ class RecoveryLatch:
     drain that arrives then (a planned join, or a failure noticed late) waits until the step is
     applied, so the worker hands over the step all its peers reach too. A signal cannot cut a
     collective short anyway (it is handled when the call returns); if the collective fails, its
-    error goes on and the held signal is dropped: every survivor then hands over the step before."""
+    error goes on and the held signal is dropped: every survivor then hands over the step before.
+
+    A worker that lost a peer on its own (a broken connection, a timeout) hands over at once;
+    the launcher's signal arrives while it writes, and raised there it would cut the handoff
+    short and lose the stage (a node with no ``handoff.json`` counts as failed). So the worker
+    sets ``handing_over`` first (a plain attribute store: no signal is handled between catching
+    the error and it), and from then on the signal is dropped."""
 
     holding: bool = False
     pending: BaseException | None = None
+    handing_over: bool = False
 
     def hold_or_raise(self, exc: BaseException) -> None:
+        if self.handing_over:
+            return
         if not self.holding:
             raise exc
         self.pending = exc
