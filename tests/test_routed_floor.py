@@ -105,3 +105,23 @@ def test_routing_raises_the_floor_where_round_trips_run_one_at_a_time(monkeypatc
     assert routed.value > plain.value * 1.02  # 87.00 -> 91.96 s
     plan = make_plan("skippipe", problem, seed=0)
     assert routed.value <= plan.predicted_makespan_s
+
+
+def test_a_node_behind_broken_links_that_no_microbatch_needs_asks_nothing_of_the_floor():
+    # Node 0's links all trickle (300 s a hop); the caps of the other five (4 each for 20 visits)
+    # leave it out. Its head and tail once bound T even unvisited: a floor of 630 s against a
+    # 54.5 s plan (found by a fuzz run over generated clusters).
+    from skippipe.cluster import Cluster
+
+    n = 7
+    transfer = np.full((n, n), 0.4)
+    transfer[0, :] = transfer[:, 0] = 300.0
+    np.fill_diagonal(transfer, 0.0)
+    cluster = Cluster(name="one-cut-off", n=n, transfer_s=transfer, forward_s=np.full(n, 1.76),
+                      memory=np.full(n, 4))
+    problem = build_problem(cluster, Workload(num_stages=6, path_length=5, microbatches_per_data_node=5,
+                                              stage_sizes=(1, 2, 1, 1, 1, 1)))
+    plan = make_plan("skippipe", problem, seed=0)
+    assert 0 not in {x for mb in plan.microbatches for x in mb.path}
+    assert routed_set_floor(problem, (1,), _trip_floors(problem)) <= plan.predicted_makespan_s + 1e-6
+    assert free_allocation_floor(problem).value <= plan.predicted_makespan_s + 1e-6

@@ -11,7 +11,9 @@ distinct other nodes (any order: a relaxation of the stage rules), such that
   which nodes are outside D);
 - the round trips of d fit on its k = min(M, m) slot chains: the sum of its round trips plus
   ``op_gap`` between consecutive trips of a chain (m - k of them at least) is at most k x T;
-- every node's visits fit between its head and tail (as in ``relaxed_floors.capacity_floor``);
+- every node that is visited fits its visits between its head and tail (as in
+  ``relaxed_floors.capacity_floor``; a 0/1 variable per node says whether it is visited, so
+  a node that no microbatch needs, such as one behind broken links, asks nothing of T);
 - T is at least every data node's own floor (``trip_floor``);
 
 and minimises T. A round trip costs what ``floors._round_trips`` counts (the data node's
@@ -59,8 +61,8 @@ def routed_set_floor(problem: Problem, data: tuple[int, ...], trip_floors: np.nd
                      dtype=int).reshape(-1, hops)
     nodes = np.asarray(others)[paths]  # P x hops, cluster ids
     inner = visit[nodes].sum(axis=1) + sum(edge[nodes[:, i], nodes[:, i + 1]] for i in range(hops - 1))
-    P, k_data = len(paths), len(data)
-    n_vars = k_data * P + 1  # y[d, p] ..., T
+    P, k_data, n_others = len(paths), len(data), len(others)
+    n_vars = k_data * P + n_others + 1  # y[d, p] ..., u[x] (x visited) ..., T
     rows, cols, vals, lo, hi = [], [], [], [], []
     r = 0
     for i, d in enumerate(data):
@@ -80,11 +82,12 @@ def routed_set_floor(problem: Problem, data: tuple[int, ...], trip_floors: np.nd
             rows += [r] * len(hit) + [r + 1] * len(hit)
             cols += list(i * P + hit) * 2
             vals += [1.0] * len(hit) + [float(per[x])] * len(hit)
-        rows.append(r + 1)
-        cols.append(n_vars - 1)
-        vals.append(-1.0)
-        lo += [0.0, -np.inf]
-        hi += [float(caps[x]), og - float(head[x]) - float(tail[x])]
+        # visits <= cap x u[x]; visits x per + (head + tail - og) u[x] <= T
+        rows += [r, r + 1, r + 1]
+        cols += [k_data * P + j, k_data * P + j, n_vars - 1]
+        vals += [-float(caps[x]), float(head[x]) + float(tail[x]) - og, -1.0]
+        lo += [-np.inf, -np.inf]
+        hi += [0.0, 0.0]
         r += 2
     matrix = coo_matrix((vals, (rows, cols)), shape=(r, n_vars)).tocsr()
     cost = np.zeros(n_vars)
@@ -92,8 +95,13 @@ def routed_set_floor(problem: Problem, data: tuple[int, ...], trip_floors: np.nd
     integral = np.ones(n_vars)  # the linear relaxation moves no floor of the sweep: integrality is the point
     integral[-1] = 0
     least = float(trip_floors[list(data)].max())
+    # u[x] = 1 where the window asks nothing of T beyond ``least`` anyway: the linear relaxation
+    # stays as tight as without u there
+    reach = np.asarray([float(head[x]) + float(tail[x]) - og for x in others])
+    lower = np.r_[np.zeros(k_data * P), (reach <= least).astype(float), least]
+    upper = np.r_[np.full(k_data * P, np.inf), np.ones(n_others), np.inf]
     res = milp(cost, constraints=LinearConstraint(matrix, lo, hi), integrality=integral,
-               bounds=Bounds(np.r_[np.zeros(n_vars - 1), least], np.full(n_vars, np.inf)),
+               bounds=Bounds(lower, upper),
                options={"node_limit": NODE_LIMIT, "mip_rel_gap": 1e-3})
     if res.status == 2:  # infeasible: no plan has these data nodes
         return math.inf
