@@ -17,7 +17,7 @@ from skippipe.planner.routing.data_nodes import ROUTING_CHARGE, data_node_search
 from skippipe.planner.routing.evaluate import Evaluator, Route, Score
 from skippipe.planner.routing.search import SearchLimits
 from skippipe.planner.routing.sequences import RouteCosts, stage_sequences
-from skippipe.planner.routing.slow_links import slow_link_allocation, slow_link_mask, uses_slow_link
+from skippipe.planner.routing.slow_links import SwapWork, slow_link_allocation, slow_link_mask, uses_slow_link
 from skippipe.planner.routing.timetable import LARGEST as TIMETABLE_LARGEST
 from skippipe.planner.routing.timetable import estimated_work, timetable_routes
 
@@ -180,7 +180,8 @@ def data_node_candidate(
 
 
 def slow_link_candidate(
-    problem: Problem, cands: list[Candidate], dealings: Callable[[list[list[int]]], dict[str, list[list[int]]]]
+    problem: Problem, cands: list[Candidate], dealings: Callable[[list[list[int]]], dict[str, list[list[int]]]],
+    work: SwapWork | None = None,
 ) -> tuple[Candidate, Evaluator] | None:
     """The cheapest integer routing under the TC1 caps on an allocation searched to avoid slow
     links (``routing.slow_links``), scored; the best of its starts. When the best candidate so
@@ -189,7 +190,8 @@ def slow_link_candidate(
     their holds are long). Otherwise it starts from those memory dealings that have no
     candidate over fast links alone (dealt by memory, the network unseen, they may need slow
     links), and is kept only when it is a better start than the best so far (else it would
-    only move the search: sweep case 42 ended 2.4 % worse)."""
+    only move the search: sweep case 42 ended 2.4 % worse). The searches from every start
+    share ``work``."""
     slow = slow_link_mask(problem.transfer_s)
     if slow is None:
         return None
@@ -201,9 +203,10 @@ def slow_link_candidate(
         if all(dealt != b for _, b in begins) and (crossing or dealt not in fast):
             begins.append((key, dealt))
     rc = RouteCosts.from_problem(problem)
+    work = SwapWork() if work is None else work
     best: tuple[Candidate, Evaluator] | None = None
     for name, begin in begins:
-        found = slow_link_allocation(problem, begin, stage_orders(problem, begin), slow)
+        found = slow_link_allocation(problem, begin, stage_orders(problem, begin), slow, work)
         if found is None:
             continue
         stages, paths = found

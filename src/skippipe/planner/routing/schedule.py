@@ -93,6 +93,7 @@ from skippipe.planner.routing.groups import group_allocation, private_chains
 from skippipe.planner.routing.ordered import improve_orders, ordered_chains
 from skippipe.planner.routing.search import RouteSearch, SearchLimits
 from skippipe.planner.routing.sequences import RouteCosts, search_width
+from skippipe.planner.routing.slow_links import SwapWork
 from skippipe.sim import simulate
 
 # ----------------------------------------------------------------------------- helpers
@@ -251,9 +252,8 @@ def plan_skippipe(
     budget = budget if budget is not None else default_budget(problem)
     first = _start(problem, seed, budget, deadline, time_limit_s, thorough)
     start = first
-    # under the default budget, the starts of the next allocation seeds too, where they fit: the
-    # search goes on from the one whose best start is quickest
-    for k in range(1, allocation_starts(problem, budget) if default else 1):
+    # under the default budget, the next allocation seeds' starts too where they fit (the search goes on from the quickest)
+    for k in range(1, allocation_starts(problem, budget, first.slow_link_s) if default else 1):
         other = _start(problem, seed + k, budget, None, None, thorough)
         if other.quickest < start.quickest - 1e-9:
             start = other
@@ -315,6 +315,7 @@ class _Start:
     cands: list[Candidate]
     evaluators: dict[int, Evaluator]  # by id of a candidate's stages
     limits: SearchLimits  # the budget, with what the starts charged to it spent
+    slow_link_s: float  # the estimated CPU of its searches around slow links (``slow_links.programme_s``)
 
     @property
     def quickest(self) -> float:
@@ -357,7 +358,8 @@ def _start(
             evaluators[id(g_stages)] = g_ev
             routes = chain_routes(g_stages, g_chains, m)
             cands.append(Candidate(GROUPS, g_stages, routes, g_ev.score(routes)))
-    slow = slow_link_candidate(problem, cands, dealings)
+    work = SwapWork()
+    slow = slow_link_candidate(problem, cands, dealings, work)
     if slow is not None:
         evaluators[id(slow[0].stages)] = slow[1]
         cands.append(slow[0])
@@ -365,7 +367,7 @@ def _start(
     lead = _searchable(cands)[0].score.makespan
     cands += ordered_chains(cands, lambda c, lim: _search(problem, c, evaluators[id(c.stages)], seed, lim), lead,
                             deadline)
-    return _Start(seed, stages, cands, evaluators, limits)
+    return _Start(seed, stages, cands, evaluators, limits, work.spent_s)
 
 
 def _searchable(cands: list[Candidate]) -> list[Candidate]:

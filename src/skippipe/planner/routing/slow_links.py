@@ -34,8 +34,17 @@ from skippipe.planner.routing.sequences import RouteCosts
 # integer programme about 1 s on one core; 30 nodes, S = 6, L = 4 has 8,320)
 MAX_ARCS = 10_000
 # the allocation search solves at most this many arcs' worth of relaxations (relaxations x arcs
-# per relaxation: about 3 s; sweep case 27, 24 nodes, needed 73 x 1,728)
+# per relaxation; sweep case 27, 24 nodes, needed 73 x 1,728). Each search has its own: with
+# 4 s of estimated CPU for all the searches of a start together, two generated 13-node clusters
+# with half their links broken and S = 9 planned at 2,997 s instead of 136 s and 735 s instead
+# of 101 s (their searches need 11-39 relaxations of 0.4-0.7 s to leave the slow links)
 SWAP_WORK = 200_000
+# the CPU of one relaxation: RELAX_BASE_S + RELAX_CELL_S x arcs x rows, measured on the 2-core
+# machine on seven programmes of 322-5,194 arcs (8 ms to 0.74 s, within 40 %); an integer
+# routing about INTEGER_FACTOR x that (1.1-2.1 x measured)
+RELAX_BASE_S = 8e-3
+RELAX_CELL_S = 3.5e-8
+INTEGER_FACTOR = 2.0
 # a safety net on HiGHS (seconds) for the integer routing: those above take at most a few
 MILP_SECONDS = 10.0
 # links this many times dearer than every cheaper one are slow (cut apart into islands by
@@ -196,11 +205,31 @@ def _decompose(arcs: _Arcs, flow: np.ndarray, n_seqs: int, data_nodes: list[int]
     return paths
 
 
+@dataclass
+class SwapWork:
+    """The estimated CPU seconds (``programme_s``) of the programmes that the allocation
+    searches of one start solved: ``budget.allocation_starts`` expects as much of each start."""
+
+    spent_s: float = 0.0
+
+
+def programme_s(stages: list[list[int]], seqs: tuple[tuple[int, ...], ...]) -> float:
+    """The estimated CPU of one relaxation of ``min_cost_routing`` (see ``RELAX_CELL_S``)."""
+    inner = sum(len(stages[s]) for seq in seqs for s in seq)
+    rows = sum(len(s) for s in stages) + len(stages[0]) * (1 + inner)
+    return RELAX_BASE_S + RELAX_CELL_S * _arc_count(stages, seqs) * rows
+
+
 def slow_link_allocation(
-    problem: Problem, stages: list[list[int]], seqs: tuple[tuple[int, ...], ...], slow: np.ndarray
+    problem: Problem, stages: list[list[int]], seqs: tuple[tuple[int, ...], ...], slow: np.ndarray,
+    work: SwapWork | None = None,
 ) -> tuple[list[list[int]], dict[int, list[tuple[int, ...]]]] | None:
     """An allocation and an integer routing that use fewer of the ``slow`` links than ``stages``
-    (see the module text); with a fixed allocation only the routing. None when nothing is won."""
+    (see the module text); with a fixed allocation only the routing. None when nothing is won.
+    The programmes' estimated CPU is added to ``work``."""
+    work = SwapWork() if work is None else work
+    if _arc_count(stages, seqs) > MAX_ARCS:
+        return None  # no programme is built
     own = RouteCosts.from_problem(problem).own * problem.workload.microbatches_per_data_node
 
     def relaxed(st: list[list[int]]) -> tuple[float, set[int]]:
@@ -231,6 +260,7 @@ def slow_link_allocation(
                 break
         else:
             break  # no exchange helps
+    work.spent_s += (evaluations + INTEGER_FACTOR) * programme_s(best, seqs)
     routing = min_cost_routing(problem, best, seqs, slow, integral=True)
     if routing is None or routing.paths is None:
         return None
