@@ -64,8 +64,8 @@ def allocation_starts(problem: Problem, budget: int, first_extra_s: float = 0.0)
     N^2 x S, beside the search's ``budget`` simulations at ``SIM_OP_S`` x operations (an
     estimate that counts the first start), within ``PLANNING_SHARE`` of the planning-time
     target. Up to about 16 nodes with light workloads that is four; from 30 nodes one.
-    ``first_extra_s``: the estimate of work the first start did beyond that (its searches
-    around slow links, ``routing.slow_links``, counted in arcs), expected of each start."""
+    ``first_extra_s``: the estimated CPU of work the first start did beyond that (its searches
+    around slow links, ``slow_links.programme_s``), expected of each start."""
     room = PLANNING_SHARE * planning_target_s(problem.n) - budget * operations(problem) * SIM_OP_S - first_extra_s
     one = START_S * problem.n**2 * problem.workload.num_stages + first_extra_s
     return max(1, min(MAX_STARTS, 1 + int(room / one)))

@@ -190,8 +190,8 @@ def slow_link_candidate(
     their holds are long). Otherwise it starts from those memory dealings that have no
     candidate over fast links alone (dealt by memory, the network unseen, they may need slow
     links), and is kept only when it is a better start than the best so far (else it would
-    only move the search: sweep case 42 ended 2.4 % worse). The searches from every start
-    share ``work``."""
+    only move the search: sweep case 42 ended 2.4 % worse). The estimated CPU of the searches'
+    programmes is added to ``work``."""
     slow = slow_link_mask(problem.transfer_s)
     if slow is None:
         return None
