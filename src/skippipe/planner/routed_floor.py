@@ -76,6 +76,7 @@ def routed_set_floor(problem: Problem, data: tuple[int, ...], trip_floors: np.nd
         hi += [m, -max(0, m - k) * og]
         r += 2
     per = visit + 2 * og
+    reach = head[others] + tail[others] - og  # a visited node's window asks T >= reach + its visits
     for j, x in enumerate(others):
         hit = np.flatnonzero((paths == j).any(axis=1))
         for i in range(k_data):
@@ -85,7 +86,7 @@ def routed_set_floor(problem: Problem, data: tuple[int, ...], trip_floors: np.nd
         # visits <= cap x u[x]; visits x per + (head + tail - og) u[x] <= T
         rows += [r, r + 1, r + 1]
         cols += [k_data * P + j, k_data * P + j, n_vars - 1]
-        vals += [-float(caps[x]), float(head[x]) + float(tail[x]) - og, -1.0]
+        vals += [-float(caps[x]), float(reach[j]), -1.0]
         lo += [-np.inf, -np.inf]
         hi += [0.0, 0.0]
         r += 2
@@ -97,7 +98,6 @@ def routed_set_floor(problem: Problem, data: tuple[int, ...], trip_floors: np.nd
     least = float(trip_floors[list(data)].max())
     # u[x] = 1 where the window asks nothing of T beyond ``least`` anyway: the linear relaxation
     # stays as tight as without u there
-    reach = np.asarray([float(head[x]) + float(tail[x]) - og for x in others])
     lower = np.r_[np.zeros(k_data * P), (reach <= least).astype(float), least]
     upper = np.r_[np.full(k_data * P, np.inf), np.ones(n_others), np.inf]
     res = milp(cost, constraints=LinearConstraint(matrix, lo, hi), integrality=integral,

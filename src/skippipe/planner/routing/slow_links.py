@@ -228,7 +228,8 @@ def slow_link_allocation(
     (see the module text); with a fixed allocation only the routing. None when nothing is won.
     The programmes' estimated CPU is added to ``work``."""
     work = SwapWork() if work is None else work
-    if _arc_count(stages, seqs) > MAX_ARCS:
+    arcs = _arc_count(stages, seqs)  # of every programme below: the exchanges keep the stage sizes
+    if arcs > MAX_ARCS:
         return None  # no programme is built
     own = RouteCosts.from_problem(problem).own * problem.workload.microbatches_per_data_node
 
@@ -241,7 +242,7 @@ def slow_link_allocation(
     best = [list(map(int, s)) for s in stages]
     value, ends = relaxed(best)
     evaluations = 1
-    most = max(1, SWAP_WORK // max(1, _arc_count(best, seqs)))
+    most = max(1, SWAP_WORK // max(1, arcs))
     while problem.fixed_stages is None and ends and evaluations < most:
         where = {v: k for k, s in enumerate(best) for v in s}
         # first the exchanges that move a node at the end of a slow link, then the others
