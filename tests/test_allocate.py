@@ -12,6 +12,7 @@ from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import maximum_bipartite_matching
 
 from skippipe.cluster import cluster_from_dict, load_cluster, preset_cluster
+from skippipe.planfile import plan_violations
 from skippipe.planner.allocation import (
     allocate,
     allocation_fitness,
@@ -250,31 +251,58 @@ def test_stages_of_slow_nodes_are_dealt_again_until_the_tc1_caps_carry_every_vis
     total = sizes[0] * m
     caps = problem.load_caps(stages)
     fixed = balance_stage_caps(problem, stages)
-    assert fixed[0] == stages[0] and [len(x) for x in fixed] == [len(x) for x in stages]
+    assert [len(x) for x in fixed] == [len(x) for x in stages]
     assert sorted(x for group in fixed for x in group) == list(range(n))
+    carries = sequence_quotas(seqs, stage_cap_sums(problem.load_caps(fixed), fixed), total) is not None
     if sequence_quotas(seqs, stage_cap_sums(caps, stages), total) is not None:
         assert fixed == stages  # a feasible allocation is left alone
     elif _some_dealing_carries([caps[x] for g in stages[1:] for x in g], list(sizes[1:]), total):
-        assert sequence_quotas(seqs, stage_cap_sums(caps, fixed), total) is not None
+        assert fixed[0] == stages[0] and carries  # the same data nodes, dealt again
     else:
-        assert fixed == stages
+        # no dealing of these nodes carries: other data nodes (slower ones traded in), or as it was
+        assert fixed == stages or (fixed[0] != stages[0] and carries)
 
 
 def test_a_tc1_refusal_names_the_short_stages_and_their_fix():
-    # 8 even nodes, L = S = 5: the default sizes 2,2,2,1,1 give every non-data node a cap of 10
-    # visits, and a one-node stage cannot take the 14 microbatches that all pass it
+    # 8 even nodes, L = S = 5: the sizes 2,2,2,1,1 (the default before it made sure of its caps)
+    # give every non-data node a cap of 10 visits, and a one-node stage cannot take the 14
+    # microbatches that all pass it
     from skippipe.errors import UserError
     from skippipe.planner.methods import make_plan
 
     cluster = cluster_from_dict({"transfer_s": np.full((8, 8), 0.4).tolist(), "forward_s": [1.0] * 8})
-    workload = Workload(num_stages=5, path_length=5, microbatches_per_data_node=7, n_layers=10)
+    workload = Workload(num_stages=5, path_length=5, microbatches_per_data_node=7, n_layers=10, stage_sizes=[2, 2, 2, 1, 1])
     with pytest.raises(UserError) as refused:
         make_plan("skippipe", build_problem(cluster, workload))
     message = str(refused.value)
     assert "[20, 20, 10, 10]" in message and "give stage(s) 3, 4 more nodes" in message and "\n" not in message
-    # the fix it names: stages 3 and 4 get as many nodes as the others (here one each, with 4 data nodes)
-    fixed = Workload(num_stages=5, path_length=5, microbatches_per_data_node=7, n_layers=10, stage_sizes=[4, 1, 1, 1, 1])
+    # the fix it names: stages 3 and 4 get as many nodes as the others (here one each, with 4
+    # data nodes), which is what the default sizes are now
+    fixed = Workload(num_stages=5, path_length=5, microbatches_per_data_node=7, n_layers=10)
+    assert build_problem(cluster, fixed).stage_sizes == [4, 1, 1, 1, 1]
     assert make_plan("skippipe", build_problem(cluster, fixed)).predicted_makespan_s > 0
+
+
+def test_fast_data_nodes_are_traded_when_no_dealing_carries_the_visits():
+    # sweep case 63's speeds: 12 nodes, S = L = 9 (one data node, five one-node stages that each
+    # take all 5 microbatches). With the fastest node as the data node only four others get a
+    # cap of 5, so no dealing carries the visits; trading it for the slowest node leaves five
+    from skippipe.planner.allocation.stage_caps import balance_stage_caps
+    from skippipe.planner.methods import make_plan
+    from skippipe.planner.routing.sequences import sequence_quotas, stage_cap_sums, stage_sequences
+
+    speed = [0.44, 1.03, 0.53, 0.81, 0.66, 0.73, 0.69, 0.41, 1.23, 1.49, 1.01, 1.29]
+    cluster = cluster_from_dict({"transfer_s": np.full((12, 12), 0.4).tolist(), "forward_s": [1 / v for v in speed]})
+    workload = Workload(num_stages=9, path_length=9, microbatches_per_data_node=5, max_jump=1, max_swaps=0, n_layers=27)
+    problem = build_problem(cluster, workload)
+    assert problem.stage_sizes == [1, 2, 2, 2, 1, 1, 1, 1, 1]
+    stages = [[9], [0, 7], [2, 4], [5, 6], [1], [3], [8], [10], [11]]
+    seqs = stage_sequences(9, 9, 0, 1)
+    assert sequence_quotas(seqs, stage_cap_sums(problem.load_caps(stages), stages), 5) is None
+    fixed = balance_stage_caps(problem, stages)
+    assert fixed[0] == [7]  # node 9 (1.49) traded for node 7 (0.41)
+    assert sequence_quotas(seqs, stage_cap_sums(problem.load_caps(fixed), fixed), 5) is not None
+    assert plan_violations(make_plan("skippipe-no-tc2", problem, seed=0)) == []
 
 
 @pytest.mark.parametrize("s", [3, 4, 5, 7, 8, 9])

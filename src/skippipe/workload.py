@@ -6,8 +6,11 @@ Defaults are the reference configuration (DESIGN §3): 6 stages, paths of 4 stag
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ClassVar
+
+import numpy as np
 
 from skippipe.config_fields import check_fields, invalid, read_dataclass
 from skippipe.costs import WireFormat
@@ -15,6 +18,12 @@ from skippipe.errors import WorkloadError
 from skippipe.limits import MAX_CTX, MAX_LAYERS, MAX_MICROBATCHES, MAX_NODES, MAX_SAMPLES, MAX_STAGES, MAX_WIDTH, at_most
 
 NON_NEGATIVE = {"min": 0}
+
+
+def tc1_caps(speed: np.ndarray | float, visits: int, total_speed: float) -> np.ndarray:
+    """The TC1 rule: nodes of these speeds get ``visits`` in proportion to their share of
+    ``total_speed`` (the speed of every node outside stage 0), rounded up, at least 1."""
+    return np.maximum(1.0, np.ceil(visits * np.asarray(speed, dtype=float) / total_speed - 1e-9))
 
 
 def least_max_jump(num_stages: int, path_length: int) -> int:
@@ -103,12 +112,14 @@ class Workload(PipelineShape):
             start += count
         return out
 
-    def sizes_for(self, n_nodes: int) -> list[int]:
-        """Nodes per stage for a cluster of n nodes.
+    def sizes_for(self, n_nodes: int, speeds: Sequence[float] | None = None) -> list[int]:
+        """Nodes per stage for a cluster of n nodes (``speeds``: theirs, 1 / forward time; all
+        equal when not given).
 
         Every node should carry the same load: a data node runs its m microbatches; the
         D*m*(L-1) visits to other stages spread over the other nodes. Equal load gives
-        D = N / L data nodes; the rest split evenly over stages 1..S-1.
+        D = N / L data nodes; the rest split evenly over stages 1..S-1. Where the stages could
+        not take the visits under the TC1 caps (``_carried``), the nearest D whose can.
         """
         if self.stage_sizes is not None:
             if sum(self.stage_sizes) != n_nodes:
@@ -119,17 +130,43 @@ class Workload(PipelineShape):
         s = self.num_stages
         if n_nodes < s:
             raise WorkloadError(f"a cluster of {n_nodes} nodes cannot hold {s} stages")
-        data = max(1, round(n_nodes / self.path_length))
-        data = min(data, n_nodes - (s - 1))
-        rest = n_nodes - data
-        base, extra = divmod(rest, s - 1)
-        return [data] + [base + (1 if i < extra else 0) for i in range(s - 1)]
+        ranked = sorted(speeds) if speeds is not None else [1.0] * n_nodes
+        most = n_nodes - (s - 1)
+        data = min(max(1, round(n_nodes / self.path_length)), most)
+        nearest = sorted(range(1, most + 1), key=lambda d: (abs(d - data), d))
+        return next((sizes for d in nearest if self._carried(sizes := _split(n_nodes, s, d), ranked)),
+                    _split(n_nodes, s, data))
+
+    def _carried(self, sizes: list[int], ranked_speeds: list[float]) -> bool:
+        """Whether stages of these sizes can take the D*m*(L-1) visits under the TC1 caps (each
+        node outside stage 0 its share by speed, rounded up; a stage at most one visit per
+        microbatch) on one allocation: the D slowest nodes as data nodes, the others dealt
+        fastest first to the stage that needs the most per free place. With L = S every stage
+        takes every microbatch, so with even speeds a stage one node smaller than the others
+        is often too small."""
+        microbatches = sizes[0] * self.microbatches_per_data_node
+        visits = microbatches * (self.path_length - 1)
+        others = ranked_speeds[sizes[0]:]
+        total = sum(others)
+        carry, free = [0] * len(sizes[1:]), list(sizes[1:])
+        for speed in reversed(others):
+            k = max((k for k in range(len(free)) if free[k]), key=lambda k: (microbatches - carry[k]) / free[k])
+            carry[k] += int(tc1_caps(speed, visits, total))
+            free[k] -= 1
+        return sum(min(c, microbatches) for c in carry) >= visits
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         if d["stage_sizes"] is not None:
             d["stage_sizes"] = list(d["stage_sizes"])
         return d
+
+
+def _split(n_nodes: int, num_stages: int, data: int) -> list[int]:
+    """``data`` data nodes, the rest of ``n_nodes`` split as evenly as can be over stages 1..S-1
+    (earlier stages get the rest)."""
+    base, extra = divmod(n_nodes - data, num_stages - 1)
+    return [data] + [base + (1 if i < extra else 0) for i in range(num_stages - 1)]
 
 
 # The pipeline ``skippipe train`` plans when its ``[plan]`` table does not say: a small run.

@@ -38,9 +38,10 @@ import math
 import numpy as np
 from scipy.sparse.csgraph import shortest_path
 
-from skippipe.planner.problem import Problem, tc1_caps
+from skippipe.planner.problem import Problem
 from skippipe.planner.programme_floor import Rows, admits, least_feasible, slot_terms
 from skippipe.planner.relaxed_floors import hop_edges, served_visits
+from skippipe.workload import tc1_caps
 
 MAX_NODES = 120  # above it the programme (about N^2 variables, 0.1-5 s a solve at 100 nodes) is skipped
 REL_TOL = 1e-3  # the bisection stops within this share of the makespan

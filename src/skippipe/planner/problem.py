@@ -16,7 +16,7 @@ from skippipe.costs import CostModel, activation_bytes, scaled_t_layer
 from skippipe.errors import ClusterError, UserError
 from skippipe.limits import FLOAT_LIMIT
 from skippipe.planfile import Constraints, Costs, Microbatch, Plan
-from skippipe.workload import Workload
+from skippipe.workload import Workload, tc1_caps
 
 
 @dataclass
@@ -119,12 +119,6 @@ def shared_caps(forward_s: np.ndarray, others: Sequence[int] | np.ndarray, visit
     return tc1_caps(speed, visits, float(speed.sum())).astype(int)
 
 
-def tc1_caps(speed: np.ndarray, visits: int, total_speed: float) -> np.ndarray:
-    """The TC1 rule: nodes of these speeds get ``visits`` in proportion to their share of
-    ``total_speed`` (the speed of every node outside stage 0), rounded up, at least 1."""
-    return np.maximum(1.0, np.ceil(visits * speed / total_speed - 1e-9))
-
-
 def build_problem(cluster: Cluster, workload: Workload, cost_model: CostModel | None = None) -> Problem:
     if cost_model is None:  # the cluster's (or default) constant is for the reference layer: scale by FLOPs
         t_reference = CostModel().t_layer_s if cluster.t_layer_s is None else cluster.t_layer_s
@@ -140,8 +134,6 @@ def build_problem(cluster: Cluster, workload: Workload, cost_model: CostModel | 
             raise UserError(f"cluster {cluster.name!r}: its stages hold {sum(sizes)} of its {cluster.n} nodes")
         if workload.stage_sizes is not None and list(workload.stage_sizes) != sizes:
             raise UserError(f"workload stage_sizes {list(workload.stage_sizes)} differ from the cluster's stages {sizes}")
-    else:
-        sizes = workload.sizes_for(cluster.n)
     layers_per_stage = max(workload.layers_per_stage())
     nbytes = activation_bytes(workload.d_model, workload.ctx, workload.samples_per_microbatch, workload.wire_format)
     transfer = cluster.transfer_matrix(nbytes, cm.hop_overhead_s)
@@ -154,6 +146,8 @@ def build_problem(cluster: Cluster, workload: Workload, cost_model: CostModel | 
             )
     if workload.path_length > workload.num_stages:
         raise UserError(f"path length L={workload.path_length} is larger than the number of stages S={workload.num_stages}")
+    if cluster.stages is None:
+        sizes = workload.sizes_for(cluster.n, (1.0 / forward).tolist() if np.all(forward > 0) else None)
     return Problem(
         cluster=cluster, workload=workload, cost_model=cm, transfer_s=transfer,
         forward_s=forward, memory=memory, stage_sizes=sizes,

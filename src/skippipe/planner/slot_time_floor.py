@@ -49,9 +49,10 @@ import math
 
 import numpy as np
 
-from skippipe.planner.problem import Problem, tc1_caps
+from skippipe.planner.problem import Problem
 from skippipe.planner.programme_floor import Rows, admits, least_feasible, slot_terms
 from skippipe.planner.relaxed_floors import served_visits
+from skippipe.workload import tc1_caps
 
 SPEED_BINS = 8  # ranges of the stage-0 speed sum, each its own programme (its TC1 caps)
 REL_TOL = 1e-6  # the bisection stops within this share of the makespan

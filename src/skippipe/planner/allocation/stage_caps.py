@@ -115,14 +115,43 @@ def _dealing(problem: Problem, stages: list[list[int]], extra: int = 0) -> _Deal
 
 def balance_stage_caps(problem: Problem, stages: list[list[int]]) -> list[list[int]]:
     """``stages`` with nodes of stages 1..S-1 dealt again, fewest moved, so that the TC1 caps
-    admit a routing (see the module text)."""
+    admit a routing (see the module text); where no dealing of them does, with the fastest data
+    nodes traded for the slowest other nodes first (``_slower_data_nodes``)."""
     deal = _dealing(problem, stages)
     if deal is None or sequence_quotas(deal.seqs, stage_cap_sums(deal.caps, stages), deal.total) is not None:
         return stages
+    return _dealt(deal) or _slower_data_nodes(problem, stages) or stages
+
+
+def _dealt(deal: _Dealing) -> list[list[int]] | None:
+    """The dealing whose caps carry the visits with the fewest nodes moved, or None."""
     cost = np.zeros(deal.n_vars)
-    home = {x: s for s in range(1, len(stages)) for x in stages[s]}
+    home = {x: s for s in range(1, len(deal.stages)) for x in deal.stages[s]}
     cost[[i * deal.k + home[x] - 1 for i, x in enumerate(deal.nodes)]] = -1  # keep nodes where they are
-    return deal.solve(cost) or stages
+    return deal.solve(cost)
+
+
+def _slower_data_nodes(problem: Problem, stages: list[list[int]]) -> list[list[int]] | None:
+    """The j fastest data nodes traded for the j slowest other nodes (j = 1, 2, 4, ... up to
+    every data node), the first trade that some dealing makes carry the visits, dealt so; None
+    when none does. A node's cap is its share of the visits by speed among the nodes outside
+    stage 0, rounded up: with L = S and one-node stages (e.g. 12 nodes, S = 9, one data node)
+    a fast data node can leave too few fast nodes for the stages that need a whole cap each."""
+    speed = 1.0 / np.asarray(problem.forward_s, dtype=float)
+    fastest = sorted(stages[0], key=lambda x: (-speed[x], x))
+    slowest = sorted((x for st in stages[1:] for x in st), key=lambda x: (speed[x], x))
+    most, j = min(len(fastest), len(slowest)), 1
+    while True:
+        j = min(j, most)
+        trade = dict(zip(slowest[:j], fastest[:j])) | dict(zip(fastest[:j], slowest[:j]))
+        traded = [sorted(trade.get(x, x) for x in st) for st in stages]
+        deal = _dealing(problem, traded)
+        if deal is not None and sequence_quotas(deal.seqs, stage_cap_sums(deal.caps, traded), deal.total) is not None:
+            return traded
+        found = _dealt(deal) if deal is not None else None
+        if found is not None or j == most:
+            return found
+        j *= 2
 
 
 def _hold_weights(problem: Problem, stages: list[list[int]], seqs: tuple[tuple[int, ...], ...]) -> np.ndarray:
