@@ -20,7 +20,7 @@ from skippipe.limits import MAX_CTX, MAX_LAYERS, MAX_MICROBATCHES, MAX_NODES, MA
 NON_NEGATIVE = {"min": 0}
 
 
-def tc1_caps(speed: np.ndarray | float, visits: int, total_speed: float) -> np.ndarray:
+def tc1_caps(speed: np.ndarray | Sequence[float], visits: int, total_speed: float) -> np.ndarray:
     """The TC1 rule: nodes of these speeds get ``visits`` in proportion to their share of
     ``total_speed`` (the speed of every node outside stage 0), rounded up, at least 1."""
     return np.maximum(1.0, np.ceil(visits * np.asarray(speed, dtype=float) / total_speed - 1e-9))
@@ -147,11 +147,11 @@ class Workload(PipelineShape):
         microbatches = sizes[0] * self.microbatches_per_data_node
         visits = microbatches * (self.path_length - 1)
         others = ranked_speeds[sizes[0]:]
-        total = sum(others)
+        caps = tc1_caps(others, visits, sum(others)).astype(int).tolist()
         carry, free = [0] * len(sizes[1:]), list(sizes[1:])
-        for speed in reversed(others):
+        for cap in reversed(caps):  # fastest first
             k = max((k for k in range(len(free)) if free[k]), key=lambda k: (microbatches - carry[k]) / free[k])
-            carry[k] += int(tc1_caps(speed, visits, total))
+            carry[k] += cap
             free[k] -= 1
         return sum(min(c, microbatches) for c in carry) >= visits
 

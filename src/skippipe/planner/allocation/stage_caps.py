@@ -118,9 +118,14 @@ def balance_stage_caps(problem: Problem, stages: list[list[int]]) -> list[list[i
     admit a routing (see the module text); where no dealing of them does, with the fastest data
     nodes traded for the slowest other nodes first (``_slower_data_nodes``)."""
     deal = _dealing(problem, stages)
-    if deal is None or sequence_quotas(deal.seqs, stage_cap_sums(deal.caps, stages), deal.total) is not None:
+    if deal is None or _carries(deal):
         return stages
-    return _dealt(deal) or _slower_data_nodes(problem, stages) or stages
+    return _dealt(deal) or _slower_data_nodes(problem, deal) or stages
+
+
+def _carries(deal: _Dealing) -> bool:
+    """Whether the caps of the dealing's stages, as they are, admit a routing."""
+    return sequence_quotas(deal.seqs, stage_cap_sums(deal.caps, deal.stages), deal.total) is not None
 
 
 def _dealt(deal: _Dealing) -> list[list[int]] | None:
@@ -131,12 +136,14 @@ def _dealt(deal: _Dealing) -> list[list[int]] | None:
     return deal.solve(cost)
 
 
-def _slower_data_nodes(problem: Problem, stages: list[list[int]]) -> list[list[int]] | None:
+def _slower_data_nodes(problem: Problem, deal: _Dealing) -> list[list[int]] | None:
     """The j fastest data nodes traded for the j slowest other nodes (j = 1, 2, 4, ... up to
     every data node), the first trade that some dealing makes carry the visits, dealt so; None
     when none does. A node's cap is its share of the visits by speed among the nodes outside
     stage 0, rounded up: with L = S and one-node stages (e.g. 12 nodes, S = 9, one data node)
-    a fast data node can leave too few fast nodes for the stages that need a whole cap each."""
+    a fast data node can leave too few fast nodes for the stages that need a whole cap each.
+    ``deal``: the programme of the allocation as it is."""
+    stages = deal.stages
     speed = 1.0 / np.asarray(problem.forward_s, dtype=float)
     fastest = sorted(stages[0], key=lambda x: (-speed[x], x))
     slowest = sorted((x for st in stages[1:] for x in st), key=lambda x: (speed[x], x))
@@ -145,10 +152,10 @@ def _slower_data_nodes(problem: Problem, stages: list[list[int]]) -> list[list[i
         j = min(j, most)
         trade = dict(zip(slowest[:j], fastest[:j])) | dict(zip(fastest[:j], slowest[:j]))
         traded = [sorted(trade.get(x, x) for x in st) for st in stages]
-        deal = _dealing(problem, traded)
-        if deal is not None and sequence_quotas(deal.seqs, stage_cap_sums(deal.caps, traded), deal.total) is not None:
+        traded_deal = _Dealing(traded, problem.load_caps(traded), deal.seqs, deal.total, 0)
+        if _carries(traded_deal):
             return traded
-        found = _dealt(deal) if deal is not None else None
+        found = _dealt(traded_deal)
         if found is not None or j == most:
             return found
         j *= 2
