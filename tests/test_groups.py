@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import itertools
 from unittest.mock import patch
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from skippipe.bounds import trip_floor, trip_floors
 from skippipe.cluster_gen import random_global_cluster
 from skippipe.planner.problem import build_problem
-from skippipe.planner.routing import groups
+from skippipe.planner.routing import groups, joint_groups
 from skippipe.workload import Workload
 
 
@@ -24,14 +27,56 @@ def test_long_chains_tried_one_way_round_find_the_same_best_group(seed):
     gc = groups.GroupCosts.from_problem(problem)
     eligible = np.ones(problem.n, dtype=bool)
     members = [int(x) for x in np.random.default_rng(seed).permutation(problem.n)[:8]]
-    halved = groups._GroupSearch(gc, eligible, 8)
-    with patch.object(groups, "HALF_PERMS_FROM", 99):
-        full = groups._GroupSearch(gc, eligible, 8)
+    halved = joint_groups._GroupSearch(gc, eligible, 8)
+    with patch.object(joint_groups, "HALF_PERMS_FROM", 99):
+        full = joint_groups._GroupSearch(gc, eligible, 8)
     assert len(halved.perms) * 2 == len(full.perms)
     (a, chain_a), (b, chain_b) = halved.best(members), full.best(members)
     assert abs(a - b) <= 1e-9 * max(1.0, abs(b))
     assert sorted(chain_a) == sorted(members) and chain_a[0] == chain_b[0]
     assert halved.best(members) == (a, chain_a)  # remembered
+
+
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 10_000), length=st.integers(2, 6), m=st.integers(1, 8))
+def test_pool_estimates_at_once_equal_the_estimates_one_by_one(seed, length, m):
+    # the pair pool scores its chains in one array; each value must be exactly what
+    # ``estimate`` gives for that chain (the search's order and ties depend on it)
+    cluster = random_global_cluster(14, seed=seed, speed=(0.5, 2.0), memory=(1, 4), broken=0.2)
+    problem = build_problem(cluster, Workload(num_stages=length, path_length=length, microbatches_per_data_node=m))
+    gc = groups.GroupCosts.from_problem(problem)
+    rng = np.random.default_rng(seed)
+    d = int(rng.integers(problem.n))
+    chains = np.array([rng.permutation([x for x in range(problem.n) if x != d])[:length - 1] for _ in range(30)])
+    one_by_one = [gc.estimate(d, gc.rc.round_trip(d, c.tolist()), c.tolist()) for c in chains]
+    assert gc.estimates(d, chains).tolist() == one_by_one
+
+
+@settings(max_examples=50, deadline=None)
+@given(trip=st.floats(0.0, 500.0), forward=st.floats(0.01, 5.0), m=st.integers(1, 12), slots=st.integers(1, 6))
+def test_trip_floors_at_once_equal_trip_floor(trip, forward, m, slots):
+    one = trip_floor(trip, forward, 2.0 * forward, m, slots, 0.05, 0.1)
+    many = trip_floors(np.array([trip, trip]), forward, 2.0 * forward, m, np.array([slots, slots]), 0.05, 0.1)
+    assert many.tolist() == [one, one]
+
+
+def test_long_groups_search_their_cycle_once_for_every_member():
+    # with L >= 8 a group's orders are searched once (``_best_cycle``): every member's round
+    # trip is that one cycle, so the data node and the estimate are those of trying every
+    # member with every order of the others
+    cluster = random_global_cluster(20, seed=3, speed=(0.5, 2.0), memory=(1, 3))
+    problem = build_problem(cluster, Workload(num_stages=8, path_length=8, microbatches_per_data_node=3))
+    gc = groups.GroupCosts.from_problem(problem)
+    eligible = np.ones(problem.n, dtype=bool)
+    members = list(range(2, 10))
+    value, best = joint_groups._GroupSearch(gc, eligible, 8).best(members)
+    brute = min(
+        (gc.estimate(d, gc.rc.round_trip(d, chain), chain), d)
+        for d in members
+        for chain in itertools.permutations([x for x in members if x != d])
+    )
+    assert value == pytest.approx(brute[0], rel=1e-12) and best[0] == brute[1]
+    assert sorted(best) == members
 
 
 def _pool(n: int, stages_n: int, length: int) -> tuple[list[list[int]], list[list[int]], list[int]]:

@@ -235,6 +235,22 @@ def trip_floor(round_trip: float, forward: float, backward: float, m: int, slots
     return max(memory, serial)
 
 
+def trip_floors(
+    round_trip: np.ndarray, forward: float, backward: float, m: int, slots: np.ndarray, inject_gap: float, op_gap: float,
+) -> np.ndarray:
+    """``trip_floor`` of many round trips of one data node at once, each with its own slot count
+    (the same operations in the same order, so the same values bit for bit)."""
+    r = np.asarray(round_trip, dtype=float)
+    if m <= 0:
+        return np.zeros_like(r)
+    k = np.maximum(1, np.minimum(np.asarray(slots, dtype=int), m))
+    rounds = -(-m // k)
+    memory = rounds * r + (rounds - 1) * op_gap
+    serial = (r - backward) + (m - k) * (backward + op_gap) + (m - k - 1) * (forward + inject_gap) + r
+    few = (m - 1) * (forward + inject_gap) + r
+    return np.where(m <= k, few, np.maximum(memory, serial))
+
+
 def data_node_floor(
     stages: Sequence[Sequence[int]],
     costs: Costs,

@@ -3,17 +3,13 @@
 When the TC1 caps let a node take all m microbatches of one data node (the homogeneous case:
 stage sizes N/L, (L-1)N/L and caps of exactly m), giving each data node a private chain removes
 every collision *between* data nodes; only a data node's own microbatches meet, and the
-processing-order search arranges those. Two builders:
+processing-order search arranges those.
 
-- ``private_chains``: the allocation is given; pick disjoint chains minimising the latest
-  estimated finish (``trip_floor`` of the chain's round trip). Greedy (slowest data node first),
-  then pairwise re-optimisation: the latest data node and one other pool their nodes (and the
-  free ones) and take the best pair of chains out of the pool.
-- ``group_allocation``: the allocation is ours to choose (joint search). Split the nodes into
-  groups of one data node + L-1 chain nodes minimising the latest estimated finish (greedy
-  groups of near neighbours, then node swaps between the latest group and the others), then
-  hand out stage labels so that every stage gets its size and each chain visits its stages in
-  increasing order.
+``private_chains``: the allocation is given; pick disjoint chains minimising the latest
+estimated finish (``trip_floor`` of the chain's round trip). Greedy (slowest data node first),
+then pairwise re-optimisation: the latest data node and one other pool their nodes (and the free
+ones) and take the best pair of chains out of the pool. Where the allocation is ours to choose,
+``joint_groups.group_allocation`` builds it from such chains.
 """
 
 from __future__ import annotations
@@ -21,11 +17,12 @@ from __future__ import annotations
 import itertools
 import math
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
 
-from skippipe.planfile import path_rule_violation
+from skippipe.bounds import trip_floors
 from skippipe.planner.floors import trip_floor
 from skippipe.planner.problem import Problem
 from skippipe.planner.routing.assign import Capacity, route_one
@@ -66,19 +63,40 @@ class GroupCosts:
             est = max(est, self.m * (float(self.rc.node[x]) + 2 * self.op_gap))
         return est
 
+    def estimates(self, d: int, chains: np.ndarray) -> np.ndarray:
+        """``estimate`` of data node ``d`` on each row of ``chains`` (C x k), with the round
+        trips summed as ``RouteCosts.round_trip`` sums them: the same values bit for bit."""
+        rc, c = self.rc, chains
+        nodes = np.zeros(len(c))
+        for j in range(c.shape[1]):
+            nodes = nodes + rc.node[c[:, j]]
+        hops = np.zeros(len(c)) + rc.edge[d, c[:, 0]]
+        for j in range(c.shape[1] - 1):
+            hops = hops + rc.edge[c[:, j], c[:, j + 1]]
+        hops = hops + rc.edge[c[:, -1], d]
+        trips = rc.own[d] + nodes + hops
+        slots = np.minimum(int(self.memory[d]), self.memory[c].min(axis=1))
+        est = trip_floors(trips, float(rc.forward[d]), float(self.backward[d]), self.m, slots, self.inject_gap, self.op_gap)
+        own_work = (self.m * (rc.node[c] + 2 * self.op_gap)).max(axis=1)
+        return np.where(np.isfinite(trips), np.maximum(est, own_work), np.inf)
+
 
 # ----------------------------------------------------------------------------- fixed allocation
 
 
 def _chains_in_pool(
     gc: GroupCosts, d: int, by_stage: list[list[int]], seqs: tuple[tuple[int, ...], ...]
-) -> list[tuple[float, list[int]]]:
-    out = []
-    for seq in seqs:
-        for nodes in itertools.product(*[by_stage[s] for s in seq]):
-            out.append((gc.estimate(d, gc.rc.round_trip(d, nodes), nodes), list(nodes)))
-    out.sort(key=lambda t: t[0])
-    return out
+) -> Iterator[tuple[float, list[int]]]:
+    """Every chain of data node ``d`` through the pool (``by_stage``), quickest estimate first
+    (ties: stage order, then product order); the estimates computed for all at once."""
+    blocks = [np.array(list(itertools.product(*[by_stage[s] for s in seq])), dtype=int) for seq in seqs]
+    blocks = [b for b in blocks if b.size]
+    if not blocks:
+        return
+    ests = np.concatenate([gc.estimates(d, b) for b in blocks])
+    chains = [c for b in blocks for c in b.tolist()]
+    for i in np.argsort(ests, kind="stable"):
+        yield float(ests[i]), chains[i]
 
 
 def _best_chain(gc: GroupCosts, d: int, arrays: list[np.ndarray], seqs: tuple[tuple[int, ...], ...], usable: np.ndarray
@@ -201,191 +219,3 @@ def _improve_pairs(
                 break
         if not improved:
             return
-
-
-# ----------------------------------------------------------------------------- joint allocation
-
-
-def stage_windows(sizes: list[int], groups: int) -> list[list[int]] | None:
-    """Stages for each group's chain: ``groups`` sets of L-1 distinct stages (1..S-1) using
-    stage s exactly sizes[s] times, each sorted; None if impossible."""
-    need = list(sizes[1:])
-    total = sum(need)
-    if groups <= 0 or total % groups:
-        return None
-    k = total // groups
-    if k < 1 or max(need) > groups:
-        return None
-    out = []
-    for _ in range(groups):
-        order = sorted(range(len(need)), key=lambda s: (-need[s], s))[:k]
-        if any(need[s] <= 0 for s in order):
-            return None
-        for s in order:
-            need[s] -= 1
-        out.append(sorted(s + 1 for s in order))
-    return out
-
-
-# chains of this many nodes or more (5,040 orders) are tried one way round only
-HALF_PERMS_FROM = 7
-
-
-class _GroupSearch:
-    """Groups of size L (data node first, then its chain in visiting order)."""
-
-    def __init__(self, gc: GroupCosts, eligible: np.ndarray, size: int) -> None:
-        self.gc = gc
-        self.eligible = eligible
-        self.size = size
-        perms = np.array(list(itertools.permutations(range(size - 1))), dtype=int)
-        if size - 1 >= HALF_PERMS_FROM:
-            # a chain and its reverse make the same round trip (hops counted both ways): keep the
-            # one that starts lower, which is also the first of the two in this order
-            perms = perms[perms[:, 0] < perms[:, -1]]
-        self.perms = perms
-        self.known: dict[tuple[int, ...], tuple[float, list[int]]] = {}
-
-    def best(self, nodes: list[int]) -> tuple[float, list[int]]:
-        """Best role split of one group: (estimate, [data node, chain...]); remembered by the
-        members in the order given (the swaps of the search meet the same groups again)."""
-        key = tuple(int(x) for x in nodes)
-        if key not in self.known:
-            self.known[key] = self._best(nodes)
-        value, members = self.known[key]
-        return value, list(members)
-
-    def _best(self, nodes: list[int]) -> tuple[float, list[int]]:
-        gc = self.gc
-        best: tuple[float, list[int]] = (math.inf, list(nodes))
-        arr = np.asarray(nodes, dtype=int)
-        for i, d in enumerate(nodes):
-            if not self.eligible[d]:
-                continue
-            rest = np.delete(arr, i)
-            chains = rest[self.perms]  # P x (L-1)
-            route = np.concatenate([np.full((len(chains), 1), d), chains, np.full((len(chains), 1), d)], axis=1)
-            tours = gc.rc.edge[route[:, :-1], route[:, 1:]].sum(axis=1)
-            j = int(np.argmin(tours))
-            trip = float(gc.rc.own[d] + gc.rc.node[rest].sum() + tours[j])
-            chain = [int(x) for x in chains[j]]
-            e = gc.estimate(d, trip, chain)
-            if e < best[0]:
-                best = (e, [int(d), *chain])
-        return best
-
-
-def group_allocation(
-    problem: Problem, seed: int = 0, deadline: float | None = None
-) -> tuple[list[list[int]], dict[int, list[int]]] | None:
-    """Our own allocation built from groups (see the module text): (stages, chain per data
-    node), or None when the stage sizes do not split into such groups."""
-    w = problem.workload
-    sizes = list(problem.stage_sizes)
-    L = w.path_length
-    n = problem.n
-    D = sizes[0]
-    if D * L != n:
-        return None
-    windows = stage_windows(sizes, D)
-    if windows is None or any(path_rule_violation(win, w.max_swaps, w.max_jump) for win in windows):
-        return None
-    gc = GroupCosts.from_problem(problem)
-    from skippipe.planner.allocation import data_node_candidates
-
-    eligible = np.zeros(n, dtype=bool)
-    eligible[data_node_candidates(problem)] = True
-    search = _GroupSearch(gc, eligible, L)
-    groups = _initial_groups(search, n, D, L, seed)
-    if groups is None:
-        return None
-    groups = _improve_groups(search, groups, deadline)
-    # stage labels: the i-th chain node gets the i-th smallest stage of its window; the
-    # slowest groups get the windows with the smallest jumps (fewest stages skipped)
-    scored = sorted((search.best(g) for g in groups), key=lambda t: -t[0])
-    wins = sorted(windows, key=lambda win: (win[-1] - win[0], win))
-    stages: list[list[int]] = [[] for _ in range(len(sizes))]
-    chains: dict[int, list[int]] = {}
-    for (_, members), win in zip(scored, wins):
-        d, chain = members[0], members[1:]
-        stages[0].append(d)
-        for x, s in zip(chain, win):
-            stages[s].append(x)
-        chains[d] = chain
-    stages = [sorted(s) for s in stages]
-    caps = problem.load_caps(stages)
-    if any(caps[x] < gc.m for ch in chains.values() for x in ch):
-        return None
-    return stages, chains
-
-
-def _initial_groups(search: _GroupSearch, n: int, D: int, L: int, seed: int) -> list[list[int]] | None:
-    """Greedy: the node farthest from its neighbours first, with its nearest free nodes."""
-    edge = search.gc.rc.edge
-    rng = np.random.default_rng(seed)
-    free = np.ones(n, dtype=bool)
-    groups: list[list[int]] = []
-    for _ in range(D):
-        idx = np.flatnonzero(free)
-        sub = edge[np.ix_(idx, idx)].copy()
-        np.fill_diagonal(sub, np.inf)
-        k = min(L - 1, len(idx) - 1)
-        near = np.sort(sub, axis=1)[:, :k].sum(axis=1) + rng.random(len(idx)) * 1e-9
-        seed_node = int(idx[int(np.argmax(near))])
-        group = [seed_node]
-        free[seed_node] = False
-        while len(group) < L:
-            cand = np.flatnonzero(free)
-            if not len(cand):
-                return None
-            cost = edge[np.ix_(group, cand)].sum(axis=0)
-            x = int(cand[int(np.argmin(cost))])
-            group.append(x)
-            free[x] = False
-        if not any(search.eligible[x] for x in group):
-            # swap in the nearest eligible free node for the group's last member
-            cand = np.flatnonzero(free & search.eligible)
-            if not len(cand):
-                return None
-            x = int(cand[int(np.argmin(edge[group[0], cand]))])
-            free[group[-1]] = True
-            group[-1] = x
-            free[x] = False
-        groups.append(group)
-    return groups
-
-
-def _partners(search: _GroupSearch, groups: list[list[int]], worst: int, limit: int = 24) -> list[int]:
-    """The groups nearest to the worst one (all of them when there are few)."""
-    others = [h for h in range(len(groups)) if h != worst]
-    if len(others) <= limit:
-        return others
-    edge = search.gc.rc.edge
-    near = {h: float(edge[np.ix_(groups[worst], groups[h])].min()) for h in others}
-    return sorted(others, key=lambda h: (near[h], h))[:limit]
-
-
-def _improve_groups(search: _GroupSearch, groups: list[list[int]], deadline: float | None) -> list[list[int]]:
-    """Swap nodes between the latest group and any other while the swap lowers the larger of
-    the two estimates (node by node, best swap first)."""
-    est = [search.best(g)[0] for g in groups]
-    for _ in range(200 * len(groups)):
-        if deadline is not None and time.perf_counter() > deadline:
-            break
-        worst = max(range(len(groups)), key=lambda i: (est[i], -i))
-        best = None
-        for h in _partners(search, groups, worst):
-            for a in range(len(groups[worst])):
-                for b in range(len(groups[h])):
-                    g1 = list(groups[worst])
-                    g2 = list(groups[h])
-                    g1[a], g2[b] = g2[b], g1[a]
-                    e1, e2 = search.best(g1)[0], search.best(g2)[0]
-                    cand = max(e1, e2)
-                    if cand < est[worst] - 1e-9 and (best is None or (cand, e1 + e2) < best[0]):
-                        best = ((cand, e1 + e2), h, g1, g2, e1, e2)
-        if best is None:
-            break
-        _, h, g1, g2, e1, e2 = best
-        groups[worst], groups[h], est[worst], est[h] = g1, g2, e1, e2
-    return groups

@@ -9,15 +9,16 @@ allocation, both methods start from ``allocate`` (the GCMA-style search in ``pla
 ``plan_skippipe`` is collision-aware (TC2). It starts from the ``skippipe-no-tc2`` plan and
 adds candidates built for the timeline:
 
-1. private chains (``route_groups``): every data node gets L-1 nodes of its own, so microbatches
-   of different data nodes never queue on the same node (when the caps allow it);
-   Data nodes left without a chain share the capacity that is left;
+1. private chains (``routing.groups``): every data node gets L-1 nodes of its own, so
+   microbatches of different data nodes never queue on the same node (when the caps allow
+   it); data nodes left without a chain share the capacity that is left;
 2. balanced routing (``routing.balanced``; above 200 nodes over the 16 nodes per stage nearest
-   each data node, two variants): each microbatch pays for the work
-   already queued on the nodes it visits, so slow nodes carry fewer visits and fast ones more
-   (the TC1 caps stay caps); it takes a share of the search only when it is the best start;
-3. joint allocation (only when the cluster fixes no allocation): groups of one data node and
-   L-1 near nodes, with stage labels handed out so that each group's chain is a valid path;
+   each data node, two variants): each microbatch pays for the work already queued on the
+   nodes it visits, so slow nodes carry fewer visits and fast ones more (the TC1 caps stay
+   caps); it takes a share of the search only when it is the best start;
+3. joint allocation (``routing.joint_groups``, only when the cluster fixes no allocation):
+   groups of one data node and L-1 near nodes, with stage labels handed out so that each
+   group's chain is a valid path;
 4. memory order (only when the cluster fixes no allocation and memory is uneven): the
    balanced routing on the allocation with its non-data nodes dealt to the stages by memory
    (``allocation.memory_order``: nodes with few slots late in the paths, where a visit holds
@@ -42,13 +43,11 @@ adds candidates built for the timeline:
    candidates, where no two data nodes share a node, with their processing orders searched
    before the path search can trade the chains for paths that look better first come, first
    served and end worse once ordered; their paths are not searched.
-
 Under the default budget (no budget or time limit given, the allocation not fixed) candidates
 1-8 are also built on the allocations of the next seeds, as many as the planning-time estimate
 leaves room for (``budget.allocation_starts``: up to four on small clusters with light
 workloads, one from 30 nodes), and the search goes on from the seed whose quickest candidate is
 quickest (the user's seed on a tie). The safety net and the fallbacks keep the user's seed.
-
 Every candidate is scored by the simulator (``route_eval``, component by component) and
 improved by local search on the critical data node (``route_search``: exchanges of nodes
 between microbatches, stage reorders, path swaps, injection order; then iterated local search
@@ -89,7 +88,8 @@ from skippipe.planner.routing.candidates import (
 )
 from skippipe.planner.routing.evaluate import Evaluator, Route
 from skippipe.planner.routing.exchange import Paths
-from skippipe.planner.routing.groups import group_allocation, private_chains
+from skippipe.planner.routing.groups import private_chains
+from skippipe.planner.routing.joint_groups import group_allocation
 from skippipe.planner.routing.ordered import improve_orders, ordered_chains
 from skippipe.planner.routing.search import RouteSearch, SearchLimits
 from skippipe.planner.routing.sequences import RouteCosts, search_width

@@ -1,0 +1,224 @@
+"""The joint allocation from private chains: the allocation is ours to choose.
+
+``group_allocation`` splits the nodes into groups of one data node + L-1 chain nodes minimising
+the latest estimated finish (``groups.GroupCosts.estimate``; greedy groups of near neighbours,
+then node swaps between the latest group and the others), then hands out stage labels so that
+every stage gets its size and each chain visits its stages in increasing order. Each data node
+then has a private chain (``groups``), so no two data nodes' microbatches meet.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+
+import numpy as np
+
+from skippipe.planfile import path_rule_violation
+from skippipe.planner.problem import Problem
+from skippipe.planner.routing.groups import GroupCosts
+
+
+def stage_windows(sizes: list[int], groups: int) -> list[list[int]] | None:
+    """Stages for each group's chain: ``groups`` sets of L-1 distinct stages (1..S-1) using
+    stage s exactly sizes[s] times, each sorted; None if impossible."""
+    need = list(sizes[1:])
+    total = sum(need)
+    if groups <= 0 or total % groups:
+        return None
+    k = total // groups
+    if k < 1 or max(need) > groups:
+        return None
+    out = []
+    for _ in range(groups):
+        order = sorted(range(len(need)), key=lambda s: (-need[s], s))[:k]
+        if any(need[s] <= 0 for s in order):
+            return None
+        for s in order:
+            need[s] -= 1
+        out.append(sorted(s + 1 for s in order))
+    return out
+
+
+# chains of this many nodes or more (5,040 orders) are tried one way round only, and a group's
+# orders are searched once for all its members (``_best_cycle``)
+HALF_PERMS_FROM = 7
+
+
+class _GroupSearch:
+    """Groups of size L (data node first, then its chain in visiting order)."""
+
+    def __init__(self, gc: GroupCosts, eligible: np.ndarray, size: int) -> None:
+        self.gc = gc
+        self.eligible = eligible
+        self.size = size
+        perms = np.array(list(itertools.permutations(range(size - 1))), dtype=int)
+        if size - 1 >= HALF_PERMS_FROM:
+            # a chain and its reverse make the same round trip (hops counted both ways): keep the
+            # one that starts lower, which is also the first of the two in this order
+            perms = perms[perms[:, 0] < perms[:, -1]]
+        self.perms = perms
+        self.known: dict[tuple[int, ...], tuple[float, list[int]]] = {}
+
+    def best(self, nodes: list[int]) -> tuple[float, list[int]]:
+        """Best role split of one group: (estimate, [data node, chain...]); remembered by the
+        members in the order given (the swaps of the search meet the same groups again)."""
+        key = tuple(int(x) for x in nodes)
+        if key not in self.known:
+            self.known[key] = self._best(nodes)
+        value, members = self.known[key]
+        return value, list(members)
+
+    def _best(self, nodes: list[int]) -> tuple[float, list[int]]:
+        gc = self.gc
+        best: tuple[float, list[int]] = (math.inf, list(nodes))
+        arr = np.asarray(nodes, dtype=int)
+        cycle = self._best_cycle(arr) if self.size - 1 >= HALF_PERMS_FROM else None
+        for i, d in enumerate(nodes):
+            if not self.eligible[d]:
+                continue
+            rest = np.delete(arr, i)
+            if cycle is not None:
+                # every data node closes the same cycle: its chain is the cycle from the next node on
+                tour, order = cycle
+                k = order.index(int(d))
+                chain = order[k + 1:] + order[:k]
+            else:
+                chains = rest[self.perms]  # P x (L-1)
+                route = np.concatenate([np.full((len(chains), 1), d), chains, np.full((len(chains), 1), d)], axis=1)
+                tours = gc.rc.edge[route[:, :-1], route[:, 1:]].sum(axis=1)
+                j = int(np.argmin(tours))
+                tour, chain = float(tours[j]), [int(x) for x in chains[j]]
+            trip = float(gc.rc.own[d] + gc.rc.node[rest].sum() + tour)
+            e = gc.estimate(d, trip, chain)
+            if e < best[0]:
+                best = (e, [int(d), *chain])
+        return best
+
+    def _best_cycle(self, arr: np.ndarray) -> tuple[float, list[int]]:
+        """The quickest cycle through all members (hops both ways, so one way round): (its hop
+        seconds, its members from the first one on). A round trip is this cycle whichever member
+        is the data node, so long groups search their orders once, not once per member."""
+        chains = arr[1:][self.perms]
+        first = np.full((len(chains), 1), arr[0])
+        route = np.concatenate([first, chains, first], axis=1)
+        tours = self.gc.rc.edge[route[:, :-1], route[:, 1:]].sum(axis=1)
+        j = int(np.argmin(tours))
+        return float(tours[j]), [int(arr[0]), *(int(x) for x in chains[j])]
+
+
+def group_allocation(
+    problem: Problem, seed: int = 0, deadline: float | None = None
+) -> tuple[list[list[int]], dict[int, list[int]]] | None:
+    """Our own allocation built from groups (see the module text): (stages, chain per data
+    node), or None when the stage sizes do not split into such groups."""
+    w = problem.workload
+    sizes = list(problem.stage_sizes)
+    L = w.path_length
+    n = problem.n
+    D = sizes[0]
+    if D * L != n:
+        return None
+    windows = stage_windows(sizes, D)
+    if windows is None or any(path_rule_violation(win, w.max_swaps, w.max_jump) for win in windows):
+        return None
+    gc = GroupCosts.from_problem(problem)
+    from skippipe.planner.allocation import data_node_candidates
+
+    eligible = np.zeros(n, dtype=bool)
+    eligible[data_node_candidates(problem)] = True
+    search = _GroupSearch(gc, eligible, L)
+    groups = _initial_groups(search, n, D, L, seed)
+    if groups is None:
+        return None
+    groups = _improve_groups(search, groups, deadline)
+    # stage labels: the i-th chain node gets the i-th smallest stage of its window; the
+    # slowest groups get the windows with the smallest jumps (fewest stages skipped)
+    scored = sorted((search.best(g) for g in groups), key=lambda t: -t[0])
+    wins = sorted(windows, key=lambda win: (win[-1] - win[0], win))
+    stages: list[list[int]] = [[] for _ in range(len(sizes))]
+    chains: dict[int, list[int]] = {}
+    for (_, members), win in zip(scored, wins):
+        d, chain = members[0], members[1:]
+        stages[0].append(d)
+        for x, s in zip(chain, win):
+            stages[s].append(x)
+        chains[d] = chain
+    stages = [sorted(s) for s in stages]
+    caps = problem.load_caps(stages)
+    if any(caps[x] < gc.m for ch in chains.values() for x in ch):
+        return None
+    return stages, chains
+
+
+def _initial_groups(search: _GroupSearch, n: int, D: int, L: int, seed: int) -> list[list[int]] | None:
+    """Greedy: the node farthest from its neighbours first, with its nearest free nodes."""
+    edge = search.gc.rc.edge
+    rng = np.random.default_rng(seed)
+    free = np.ones(n, dtype=bool)
+    groups: list[list[int]] = []
+    for _ in range(D):
+        idx = np.flatnonzero(free)
+        sub = edge[np.ix_(idx, idx)].copy()
+        np.fill_diagonal(sub, np.inf)
+        k = min(L - 1, len(idx) - 1)
+        near = np.sort(sub, axis=1)[:, :k].sum(axis=1) + rng.random(len(idx)) * 1e-9
+        seed_node = int(idx[int(np.argmax(near))])
+        group = [seed_node]
+        free[seed_node] = False
+        while len(group) < L:
+            cand = np.flatnonzero(free)
+            if not len(cand):
+                return None
+            cost = edge[np.ix_(group, cand)].sum(axis=0)
+            x = int(cand[int(np.argmin(cost))])
+            group.append(x)
+            free[x] = False
+        if not any(search.eligible[x] for x in group):
+            # swap in the nearest eligible free node for the group's last member
+            cand = np.flatnonzero(free & search.eligible)
+            if not len(cand):
+                return None
+            x = int(cand[int(np.argmin(edge[group[0], cand]))])
+            free[group[-1]] = True
+            group[-1] = x
+            free[x] = False
+        groups.append(group)
+    return groups
+
+
+def _partners(search: _GroupSearch, groups: list[list[int]], worst: int, limit: int = 24) -> list[int]:
+    """The groups nearest to the worst one (all of them when there are few)."""
+    others = [h for h in range(len(groups)) if h != worst]
+    if len(others) <= limit:
+        return others
+    edge = search.gc.rc.edge
+    near = {h: float(edge[np.ix_(groups[worst], groups[h])].min()) for h in others}
+    return sorted(others, key=lambda h: (near[h], h))[:limit]
+
+
+def _improve_groups(search: _GroupSearch, groups: list[list[int]], deadline: float | None) -> list[list[int]]:
+    """Swap nodes between the latest group and any other while the swap lowers the larger of
+    the two estimates (node by node, best swap first)."""
+    est = [search.best(g)[0] for g in groups]
+    for _ in range(200 * len(groups)):
+        if deadline is not None and time.perf_counter() > deadline:
+            break
+        worst = max(range(len(groups)), key=lambda i: (est[i], -i))
+        best = None
+        for h in _partners(search, groups, worst):
+            for a in range(len(groups[worst])):
+                for b in range(len(groups[h])):
+                    g1 = list(groups[worst])
+                    g2 = list(groups[h])
+                    g1[a], g2[b] = g2[b], g1[a]
+                    e1, e2 = search.best(g1)[0], search.best(g2)[0]
+                    cand = max(e1, e2)
+                    if cand < est[worst] - 1e-9 and (best is None or (cand, e1 + e2) < best[0]):
+                        best = ((cand, e1 + e2), h, g1, g2, e1, e2)
+        if best is None:
+            break
+        _, h, g1, g2, e1, e2 = best
+        groups[worst], groups[h], est[worst], est[h] = g1, g2, e1, e2
+    return groups
