@@ -10,14 +10,21 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cluster_strategies import generated_problems
-from skippipe.cluster_gen import single_site_cluster
+from skippipe.cluster_gen import random_global_cluster, single_site_cluster
 from skippipe.planfile import plan_violations
 from skippipe.planner.allocation import allocate
 from skippipe.planner.problem import build_problem
 from skippipe.planner.routing.balanced import balanced_candidate, balanced_routes
 from skippipe.planner.routing.evaluate import Evaluator
 from skippipe.planner.routing.schedule import build_plan, static_routes
-from skippipe.planner.routing.sequences import RouteCosts, cheapest_chain, cheapest_over_sequences, stage_sequences
+from skippipe.planner.routing.sequences import (
+    RouteCosts,
+    cheapest_chain,
+    cheapest_over_sequences,
+    sequence_quotas,
+    stage_cap_sums,
+    stage_sequences,
+)
 from skippipe.workload import Workload
 
 
@@ -27,12 +34,16 @@ def _seqs(problem, stages):
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(generated_problems(), st.sampled_from([0.5, 1.0, 2.0]))
-def test_balanced_routes_obey_the_path_rules_and_the_caps(problem, weight):
+@given(generated_problems(), st.sampled_from([0.5, 1.0, 2.0]), st.booleans())
+def test_balanced_routes_obey_the_path_rules_and_the_caps(problem, weight, by_quotas):
     stages = allocate(problem, seed=0)
     caps = problem.load_caps(stages)
-    routes = balanced_routes(problem, stages, caps, _seqs(problem, stages), weight)
+    seqs = _seqs(problem, stages)
+    routes = balanced_routes(problem, stages, caps, seqs, weight, by_quotas=by_quotas)
     if routes is None:
+        total = len(stages[0]) * problem.workload.microbatches_per_data_node
+        # under quotas only when no split of the microbatches over the stage orders fits the caps
+        assert not by_quotas or sequence_quotas(seqs, stage_cap_sums(caps, stages), total) is None
         return  # no path under the caps for some microbatch: the candidate is left out
     m = problem.workload.microbatches_per_data_node
     assert Counter(d for d, _ in routes) == {d: m for d in stages[0]}
@@ -53,6 +64,26 @@ def test_balanced_candidate_finishes_and_is_scored_as_simulated(problem):
     routes, score = got
     plan = build_plan(problem, stages, routes, "skippipe", 0)
     assert plan.predicted_makespan_s == score.makespan
+
+
+def test_tight_caps_that_stop_the_greedy_are_routed_under_sequence_quotas():
+    # 16 nodes, paths through 7 of 8 stages, one or two slots a node: with the slot-hold term
+    # the greedy routing leaves a microbatch without a path (every stage order it could take
+    # runs through a stage whose caps are spent); fixing the microbatches per stage order
+    # first routes them all, within the caps
+    problem = build_problem(
+        random_global_cluster(16, 3, speed=(0.5, 2.0), memory=(1, 2)),
+        Workload(num_stages=8, path_length=7, microbatches_per_data_node=3, memory=1),
+    )
+    stages = allocate(problem, seed=0)
+    caps, seqs = problem.load_caps(stages), _seqs(problem, stages)
+    assert balanced_routes(problem, stages, caps, seqs, 2.0, True) is None
+    routes = balanced_routes(problem, stages, caps, seqs, 2.0, True, by_quotas=True)
+    assert routes is not None
+    assert Counter(d for d, _ in routes) == {d: 3 for d in stages[0]}
+    visits = Counter(x for _, p in routes for x in p)
+    assert all(visits[x] <= caps[x] for x in visits)
+    assert plan_violations(build_plan(problem, stages, routes, "skippipe", 0)) == []
 
 
 def test_slow_nodes_carry_fewer_visits_than_with_the_cheapest_path_greedy():

@@ -30,7 +30,14 @@ import numpy as np
 
 from skippipe.planner.problem import Problem
 from skippipe.planner.routing.evaluate import Evaluator, Route, Score
-from skippipe.planner.routing.sequences import RouteCosts, cheapest_over_sequences, nearest, search_width
+from skippipe.planner.routing.sequences import (
+    RouteCosts,
+    cheapest_over_sequences,
+    nearest,
+    search_width,
+    sequence_quotas,
+    stage_cap_sums,
+)
 
 # the queue weight: 1.0 counts a queued visit as fully delaying this one
 QUEUE_WEIGHT = 1.0
@@ -46,12 +53,23 @@ LARGE_VARIANTS = ((1.0, False), (2.0, True))
 
 def balanced_routes(
     problem: Problem, stages: list[list[int]], caps: list[int], seqs: tuple[tuple[int, ...], ...],
-    weight: float = QUEUE_WEIGHT, holds: bool = False, width: int | None = None,
+    weight: float = QUEUE_WEIGHT, holds: bool = False, width: int | None = None, by_quotas: bool = False,
 ) -> list[Route] | None:
     """Paths that spread the visits by the work queued on each node (see the module text),
     with ``holds`` by the larger of the work and the slot-hold time per slot; None when some
-    microbatch finds no path under the caps."""
+    microbatch finds no path under the caps. With ``by_quotas`` the microbatches per stage
+    order are fixed first by ``sequence_quotas`` (as ``assign_static`` does where its greedy
+    gets stuck), so that tight caps (L close to S) cannot leave a microbatch without a path;
+    None then only when no such split exists."""
+    quotas = None
+    if by_quotas:
+        total = len(stages[0]) * problem.workload.microbatches_per_data_node
+        quotas = sequence_quotas(seqs, stage_cap_sums(caps, stages), total)
+        if quotas is None:
+            return None
     rc = RouteCosts.from_problem(problem)
+    left_orders = dict(quotas) if quotas is not None else None
+    stage_of = {int(x): s for s, st in enumerate(stages) for x in st}
     m = problem.workload.microbatches_per_data_node
     arrays = [np.asarray(s, dtype=int) for s in stages]
     left = np.zeros(problem.n, dtype=int)
@@ -63,9 +81,10 @@ def balanced_routes(
     loss = np.asarray(problem.forward_s, dtype=float) * problem.cost_model.loss_factor
 
     def best_path(d: int, penalty: np.ndarray) -> tuple[float, list[int]]:
+        allowed = seqs if left_orders is None else tuple(q for q in seqs if left_orders.get(q, 0) > 0)
         if width is None:
-            return cheapest_over_sequences(rc, d, arrays, seqs, penalty)
-        return cheapest_over_sequences(rc, d, nearest(rc, d, arrays, penalty, width), seqs, penalty)
+            return cheapest_over_sequences(rc, d, arrays, allowed, penalty)
+        return cheapest_over_sequences(rc, d, nearest(rc, d, arrays, penalty, width), allowed, penalty)
 
     free = np.zeros(problem.n)
     first = {d: best_path(d, free)[0] for d in stages[0]}
@@ -78,6 +97,8 @@ def balanced_routes(
             cost, chain = best_path(d, penalty)
             if not chain:
                 return None
+            if left_orders is not None:
+                left_orders[tuple(stage_of[int(x)] for x in chain)] -= 1
             for x, hold in zip(chain, slot_holds(rc, d, chain, float(loss[d]))):
                 left[x] -= 1
                 queued[x] += rc.node[x]
@@ -103,22 +124,24 @@ def balanced_candidate(
     problem: Problem, stages: list[list[int]], caps: list[int], seqs: tuple[tuple[int, ...], ...], ev: Evaluator,
 ) -> tuple[list[Route], Score] | None:
     """The best of ``balanced_routes`` at the weights ``WEIGHTS``, without and with the
-    slot-hold term, scored by ``ev``; when none
-    finishes (paths with swaps can wait on each other for memory) the same without swaps.
+    slot-hold term, scored by ``ev``; when none finishes (paths with swaps can wait on each
+    other for memory) the same without swaps; when still none, the same two under sequence
+    quotas (``by_quotas``: tight caps stopped every greedy routing).
     Above ``sequences.LARGE_NODES`` nodes: the ``LARGE_VARIANTS`` over the ``LARGE_WIDTH`` nearest nodes
     per stage. None when no routing finishes."""
     width = search_width(problem.n)
     variants = LARGE_VARIANTS if width is not None else VARIANTS
     no_swaps = tuple(q for q in seqs if list(q) == sorted(q))
     best: tuple[list[Route], Score] | None = None
-    for allowed in (seqs, no_swaps):
-        for w, holds in variants:
-            routes = balanced_routes(problem, stages, caps, allowed, w, holds, width) if allowed else None
-            if routes is None:
-                continue
-            score = ev.score(routes)
-            if math.isfinite(score.makespan) and (best is None or score.key() < best[1].key()):
-                best = (routes, score)
-        if best is not None:
-            return best
+    for by_quotas in (False, True):
+        for allowed in (seqs, no_swaps):
+            for w, holds in variants:
+                routes = balanced_routes(problem, stages, caps, allowed, w, holds, width, by_quotas) if allowed else None
+                if routes is None:
+                    continue
+                score = ev.score(routes)
+                if math.isfinite(score.makespan) and (best is None or score.key() < best[1].key()):
+                    best = (routes, score)
+            if best is not None:
+                return best
     return None
