@@ -79,17 +79,10 @@ class _GroupSearch:
             if not self.eligible[d]:
                 continue
             rest = np.delete(arr, i)
-            if cycle is not None:
-                # every data node closes the same cycle: its chain is the cycle from the next node on
-                tour, order = cycle
-                k = order.index(int(d))
-                chain = order[k + 1:] + order[:k]
-            else:
-                chains = rest[self.perms]  # P x (L-1)
-                route = np.concatenate([np.full((len(chains), 1), d), chains, np.full((len(chains), 1), d)], axis=1)
-                tours = gc.rc.edge[route[:, :-1], route[:, 1:]].sum(axis=1)
-                j = int(np.argmin(tours))
-                tour, chain = float(tours[j]), [int(x) for x in chains[j]]
+            # long groups: every data node closes the same cycle; short ones: the best tour from d
+            tour, order = cycle if cycle is not None else self._best_cycle(np.r_[d, rest])
+            k = order.index(int(d))
+            chain = order[k + 1:] + order[:k]
             trip = float(gc.rc.own[d] + gc.rc.node[rest].sum() + tour)
             e = gc.estimate(d, trip, chain)
             if e < best[0]:
@@ -97,9 +90,10 @@ class _GroupSearch:
         return best
 
     def _best_cycle(self, arr: np.ndarray) -> tuple[float, list[int]]:
-        """The quickest cycle through all members (hops both ways, so one way round): (its hop
-        seconds, its members from the first one on). A round trip is this cycle whichever member
-        is the data node, so long groups search their orders once, not once per member."""
+        """The quickest tour from ``arr[0]`` through the others and back, over ``self.perms``
+        (one way round for long groups: hops count both ways): (its hop seconds, its members
+        from ``arr[0]`` on). A round trip is such a cycle whichever member is the data node, so
+        long groups search their orders once, not once per member."""
         chains = arr[1:][self.perms]
         first = np.full((len(chains), 1), arr[0])
         route = np.concatenate([first, chains, first], axis=1)
