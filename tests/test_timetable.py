@@ -123,3 +123,30 @@ def test_above_the_largest_cluster_routed_anyway_the_timetables_run_as_the_time_
     assert timed(1.1 * room / work) == []  # none fits: no timetable
     got = timed(0.9 * room / work)  # one fits: the unpaced one
     assert len(got) == 1 and got[0].timed and got[0].name == "timetable (no-tc2)"
+
+
+def test_the_quicker_start_routes_only_the_paced_timetable_from_paced_only_nodes(monkeypatch):
+    cluster = random_global_cluster(30, seed=3, speed=(0.5, 2.0), memory=(1, 4))
+    problem = build_problem(cluster, Workload(num_stages=5, path_length=3))
+    stages = allocate(problem, seed=0)
+    ev = Evaluator(problem, stages)
+    routes = static_routes(problem, stages)
+    start = [candidates.Candidate("no-tc2", stages, routes, ev.score(routes))]
+    routed: list[bool] = []
+    real = candidates._timetable
+
+    def recorded(problem, start, evaluators, rng, paced, work):
+        routed.append(paced)
+        return real(problem, start, evaluators, rng, paced, work)
+
+    monkeypatch.setattr(candidates, "_timetable", recorded)
+
+    def variants(thorough: bool, paced_only_nodes: int) -> list[bool]:
+        routed.clear()
+        monkeypatch.setattr(candidates, "PACED_ONLY_NODES", paced_only_nodes)
+        candidates.timetable_candidates(problem, start, 0, {id(stages): ev}, SearchLimits(budget=1000), thorough)
+        return routed[:2]  # restarts (thorough up to TIMETABLE_SMALL) come after
+
+    assert variants(False, problem.n + 1) == [False, True]  # a small group: both
+    assert variants(False, problem.n) == [True]  # from PACED_ONLY_NODES: the paced one only
+    assert variants(True, problem.n) == [False, True]  # the full start: both at any size

@@ -24,8 +24,9 @@ slowest group's.
    every group gets its size and every stage its total. The merged plan keeps the workload's
    data-node count, so it trains on as many microbatches per iteration as any other plan.
 3. Each group is planned with ``plan_skippipe`` (its own allocation inside the group's stage
-   sizes, ``GROUP_BUDGET`` simulations, islands of a cluster up to ``DECOMPOSE_NODES`` nodes
-   the default budget); groups with the same costs are planned once.
+   sizes, ``GROUP_BUDGET`` simulations and the quicker start, ``thorough=False``; islands of a
+   cluster up to ``DECOMPOSE_NODES`` nodes the default search); groups with the same costs are
+   planned once, in worker processes (``workers``), beside the safety net (``safety_net``).
 4. ``merge``: node ids and microbatch ids mapped back, processing orders renamed; a node's TC1
    cap is its group's (visits in proportion to speed inside the group).
 5. Islands of clusters up to ``REBALANCE_NODES`` nodes: compute speed alone does not say how
@@ -55,7 +56,7 @@ from skippipe.planfile import Microbatch, Plan
 from skippipe.planner.problem import Problem
 from skippipe.planner.routing.schedule import plan_no_tc2, quickest
 from skippipe.planner.routing.slow_links import slow_link_mask
-from skippipe.planner.routing.workers import GroupPlanner
+from skippipe.planner.routing.workers import GroupPlanner, Pending
 from skippipe.sim import simulate
 
 DECOMPOSE_NODES = 200  # clusters above this many nodes get the candidate
@@ -309,13 +310,14 @@ def probed_rows(
 
 def decomposed_plan(
     problem: Problem, seed: int, plan_groups: Callable[[list[Problem], int], list[Plan]],
-    probe_groups: Callable[[list[Problem]], list[Plan]] | None = None,
+    probe_groups: Callable[[list[Problem]], list[Plan]] | None = None, on_split: Callable[[], None] | None = None,
 ) -> Plan | None:
     """The merged plan of the groups (see the module text), or None when the cluster is not
     split: a fixed allocation or stage sizes, groups that are not one site each, or too small
     for the stages. ``plan_groups(sub_problems, number_of_groups)`` plans a batch of groups
     (those of distinct costs); ``probe_groups(sub_problems)``, quick plans of a batch, are used
-    to move data nodes between islands (none moved without it)."""
+    to move data nodes between islands (none moved without it); ``on_split()`` is called once
+    the cluster is split, before any group is planned."""
     if problem.fixed_stages is not None or problem.workload.stage_sizes is not None:
         return None
     groups, candidate = islands(problem.transfer_s), "islands"
@@ -329,6 +331,8 @@ def decomposed_plan(
     if sizes is None:
         return None
     meta: dict = {"candidate": candidate, "groups": [len(g) for g in groups]}
+    if on_split is not None:
+        on_split()
     if candidate == "islands" and problem.n <= REBALANCE_NODES and probe_groups is not None:
         rows = probed_rows(problem, groups, sizes, probe_groups)
         if rows != sizes:
@@ -350,29 +354,33 @@ def plan_in_groups(
     same safety net as ``plan_skippipe``); None when the cluster does not split."""
     def plan_groups(subs: list[Problem], groups: int) -> list[Plan]:
         share = None if time_limit_s is None else 0.8 * time_limit_s / groups
-        budget = GROUP_BUDGET if problem.n > DECOMPOSE_NODES else None  # small islands: the default search
-        return planner.plan(subs, seed=seed, time_limit_s=share, budget=budget)
+        large = problem.n > DECOMPOSE_NODES  # small islands: the default search
+        return planner.plan(subs, seed=seed, time_limit_s=share, budget=GROUP_BUDGET if large else None,
+                            thorough=not large)
 
     def probe_groups(subs: list[Problem]) -> list[Plan]:
         share = None if time_limit_s is None else 0.02 * time_limit_s
         return planner.plan(subs, seed=seed, time_limit_s=share, budget=PROBE_BUDGET)
 
     with GroupPlanner() as planner:
-        try:
-            split = decomposed_plan(problem, seed, plan_groups, probe_groups)
+        net: list[Pending[list[tuple[str, Plan]]]] = []
+        try:  # the safety net is planned beside the groups (a worker is idle while the last groups plan)
+            split = decomposed_plan(problem, seed, plan_groups, probe_groups,
+                                    lambda: net.append(planner.submit(safety_net, problem, seed, fallbacks)))
         except LoadCapsTooSmall:  # an island cannot carry the visits of its share: plan the cluster whole
             return None
-    if split is None:
-        return None
+        if split is None:
+            return None
+        others = net[0].result()
     split.predicted_makespan_s = float(simulate(split, record=False, bound=False).makespan_s)
-    return behind_safety_net(problem, split, seed, fallbacks)
+    return quickest(split, others)
 
 
-def behind_safety_net(
-    problem: Problem, split: Plan, seed: int, fallbacks: Callable[[list[list[int]]], list[tuple[str, Plan]]]
-) -> Plan:
-    """A simulated plan of the groups, unless the ``skippipe-no-tc2`` plan or a fallback on its
-    allocation is quicker (the safety net of ``plan_skippipe``, for plans of the whole cluster
-    in parts)."""
+def safety_net(
+    problem: Problem, seed: int, fallbacks: Callable[[list[list[int]]], list[tuple[str, Plan]]]
+) -> list[tuple[str, Plan]]:
+    """The simulated plans a plan of the groups must beat (the safety net of ``plan_skippipe``,
+    for plans of the whole cluster in parts): the ``skippipe-no-tc2`` plan and the fallbacks
+    on its allocation."""
     base = plan_no_tc2(problem, seed=seed)
-    return quickest(split, [("no-tc2", base), *fallbacks(base.stages)])
+    return [("no-tc2", base), *fallbacks(base.stages)]

@@ -239,9 +239,9 @@ def plan_skippipe(
 ) -> Plan:
     """Collision-aware paths and processing orders (method ``skippipe``).
 
-    ``thorough=False`` makes the start quicker on clusters up to 32 nodes: one timetable
-    allocation without restarts and the data-node exchanges of larger clusters (for the groups
-    of a large cluster, ``site_groups``: a third less planning on a 300-node cluster).
+    ``thorough=False`` makes the start quicker (for the groups of a large cluster): up to 32
+    nodes one timetable allocation without restarts and the data-node exchanges of larger
+    clusters (a third less planning on a 300-node cluster), from 50 nodes the paced timetable only.
 
     ``fallbacks(stages)``, given the allocation of ``seed``, returns simulated
     plans of other methods (a safety net): one that is quicker is returned instead, relabelled

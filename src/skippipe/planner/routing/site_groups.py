@@ -156,10 +156,11 @@ def plan_whole_or_grouped(
         return plan_skippipe(problem, seed=seed, time_limit_s=time_limit_s, fallbacks=fallbacks)
     with GroupPlanner() as planner:
         if problem.n > decompose.DECOMPOSE_NODES:
+            net = planner.submit(decompose.safety_net, problem, seed, fallbacks)  # beside the groups
             split = grouped_plan(problem, groups, seed, time_limit_s, thorough=False, planner=planner)
             if split is None:
                 return plan_skippipe(problem, seed=seed, time_limit_s=time_limit_s, fallbacks=fallbacks)
-            return decompose.behind_safety_net(problem, split, seed, fallbacks)
+            return quickest(split, net.result())
         half = None if time_limit_s is None else 0.5 * time_limit_s
         budget = None if time_limit_s is not None else max(1, default_budget(problem) // 2)
         whole_search = planner.submit(plan_skippipe, problem, seed=seed, time_limit_s=half, budget=budget,

@@ -104,12 +104,13 @@ class GroupPlanner:
         return self._pool is not None
 
     def plan(self, subs: list[Problem], **kwargs: Any) -> list[Plan]:
-        """``plan_skippipe(sub, **kwargs)`` for every group, in order; the first group's error,
-        in order, is raised. A single group is planned here unless the workers are running."""
+        """``plan_skippipe(sub, **kwargs)`` for every group, in order (handed out largest first);
+        the first group's error, in order, is raised. A single group is planned here unless the workers are running."""
         if self._pool is None and len(subs) < 2:
             return [plan_skippipe(sub, **kwargs) for sub in subs]
-        pending = [self.submit(plan_skippipe, sub, **kwargs) for sub in subs]
-        return [p.result() for p in pending]
+        largest_first = sorted(range(len(subs)), key=lambda i: -subs[i].n)  # the last to finish are small
+        pending = {i: self.submit(plan_skippipe, subs[i], **kwargs) for i in largest_first}
+        return [pending[i].result() for i in range(len(subs))]
 
     def submit(self, work: Callable[..., T], *args: Any, **kwargs: Any) -> Pending[T]:
         """``work(*args, **kwargs)`` handed to a worker when the planner has workers (forked
