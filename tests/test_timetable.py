@@ -101,13 +101,18 @@ def test_above_the_largest_the_work_counted_is_within_2x_of_the_estimate_unpaced
     assert paced is not None and paced <= 2.0
 
 
-def test_above_the_largest_cluster_routed_anyway_the_timetables_run_as_the_time_allows(monkeypatch):
-    cluster = random_global_cluster(30, seed=3, speed=(0.5, 2.0), memory=(1, 4))
-    problem = build_problem(cluster, Workload(num_stages=5, path_length=3))
+def _no_tc2_start():
+    """A 30-node uneven cluster, its allocation, evaluator and the no-tc2 candidate on it."""
+    problem = build_problem(random_global_cluster(30, seed=3, speed=(0.5, 2.0), memory=(1, 4)),
+                            Workload(num_stages=5, path_length=3))
     stages = allocate(problem, seed=0)
     ev = Evaluator(problem, stages)
     routes = static_routes(problem, stages)
-    start = [candidates.Candidate("no-tc2", stages, routes, ev.score(routes))]
+    return problem, stages, ev, [candidates.Candidate("no-tc2", stages, routes, ev.score(routes))]
+
+
+def test_above_the_largest_cluster_routed_anyway_the_timetables_run_as_the_time_allows(monkeypatch):
+    problem, stages, ev, start = _no_tc2_start()
 
     def timed(per_unit: float) -> list[candidates.Candidate]:
         monkeypatch.setattr(candidates, "TIMETABLE_S_PER_WORK", per_unit)
@@ -126,12 +131,7 @@ def test_above_the_largest_cluster_routed_anyway_the_timetables_run_as_the_time_
 
 
 def test_the_quicker_start_routes_only_the_paced_timetable_from_paced_only_nodes(monkeypatch):
-    cluster = random_global_cluster(30, seed=3, speed=(0.5, 2.0), memory=(1, 4))
-    problem = build_problem(cluster, Workload(num_stages=5, path_length=3))
-    stages = allocate(problem, seed=0)
-    ev = Evaluator(problem, stages)
-    routes = static_routes(problem, stages)
-    start = [candidates.Candidate("no-tc2", stages, routes, ev.score(routes))]
+    problem, stages, ev, start = _no_tc2_start()
     routed: list[bool] = []
     real = candidates._timetable
 
