@@ -1,11 +1,13 @@
 """Hypothesis strategies shared by the scheduler tests: small generated clusters with uneven
-compute (and memory) and a workload whose path rules bind."""
+compute (and memory) and a workload whose path rules bind; and fixed problems several test
+files use."""
 
 from __future__ import annotations
 
 import numpy as np
 from hypothesis import strategies as st
 
+from skippipe.cluster import cluster_from_dict
 from skippipe.cluster_gen import random_global_cluster, single_site_cluster
 from skippipe.errors import UserError
 from skippipe.planner.methods import make_plan, with_allocation
@@ -64,3 +66,15 @@ def plan_makespans(problem, methods: tuple[str, ...], draws: int) -> list[float]
         stages = random_allocation(problem, rng)
         made += [v for v in (makespan_on(problem, stages, method) for method in methods) if v is not None]
     return made
+
+
+def islands_the_caps_cannot_carry():
+    """Two islands (links of 200 s between them), every path through every stage (S = L = 3):
+    the split gives the 3-node island one node per stage, and with speeds 10, 1 and 0.1
+    whichever is its data node, one of the other two has a TC1 cap of 1 for its 2
+    microbatches (``LoadCapsTooSmall``); the whole cluster can be routed."""
+    transfer = np.full((10, 10), 200.0)
+    transfer[:3, :3] = transfer[3:, 3:] = 0.05
+    cluster = cluster_from_dict({"transfer_s": transfer.tolist(), "forward_s": [0.1, 1.0, 10.0] + [1.0] * 7})
+    return build_problem(cluster, Workload(num_stages=3, path_length=3, microbatches_per_data_node=2, max_swaps=0,
+                                           n_layers=3))

@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from skippipe.cluster import Cluster, cluster_from_dict
+from cluster_strategies import islands_the_caps_cannot_carry
+from skippipe.cluster import Cluster
 from skippipe.cluster_gen import SAME_SITE_BANDWIDTH_GBPS, SAME_SITE_LATENCY_MS
 from skippipe.planfile import check_plan
 from skippipe.planner import methods
@@ -248,18 +249,12 @@ def test_islands_get_data_nodes_by_their_makespans():
 
 
 def test_a_split_an_island_cannot_carry_is_planned_whole():
-    """Every path through every stage, two islands: the split gives the 3-node island one node
-    per stage, and with speeds 10, 1 and 0.1 whichever is its data node, one of the other two
-    has a TC1 cap of 1 for its 2 microbatches (``LoadCapsTooSmall``); the whole cluster can be
-    routed, so method ``skippipe`` plans it whole instead of refusing."""
+    """Two islands whose split the TC1 caps cannot route (``islands_the_caps_cannot_carry``);
+    the whole cluster can be routed, so method ``skippipe`` plans it whole instead of refusing."""
     from skippipe.errors import LoadCapsTooSmall
     from skippipe.planner.routing.schedule import plan_skippipe
 
-    transfer = np.full((10, 10), 200.0)
-    transfer[:3, :3] = transfer[3:, 3:] = 0.05
-    cluster = cluster_from_dict({"transfer_s": transfer.tolist(), "forward_s": [0.1, 1.0, 10.0] + [1.0] * 7})
-    problem = build_problem(cluster, Workload(num_stages=3, path_length=3, microbatches_per_data_node=2, max_swaps=0,
-                                              n_layers=3))
+    problem = islands_the_caps_cannot_carry()
     assert len(D.islands(problem.transfer_s)) == 2
     with pytest.raises(LoadCapsTooSmall):
         D.decomposed_plan(problem, 0, lambda subs, groups: [plan_skippipe(sub, seed=0, budget=50) for sub in subs])

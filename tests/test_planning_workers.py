@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import threading
 
-import numpy as np
 import pytest
 
+from cluster_strategies import islands_the_caps_cannot_carry
 from skippipe.cli import main
-from skippipe.cluster import cluster_from_dict
 from skippipe.cluster_gen import random_global_cluster
 from skippipe.errors import LoadCapsTooSmall, UserError
 from skippipe.planner import methods
@@ -65,13 +64,8 @@ def test_skippipe_plans_the_same_with_one_worker_or_two(monkeypatch):
 
 
 def test_an_error_in_a_worker_is_raised_in_the_caller_with_its_type():
-    """Two islands whose apportioned stages the TC1 caps cannot route (as in test_decompose: a
-    3-node island of speeds 10, 1 and 0.1, one node per stage)."""
-    transfer = np.full((10, 10), 200.0)
-    transfer[:3, :3] = transfer[3:, 3:] = 0.05
-    cluster = cluster_from_dict({"transfer_s": transfer.tolist(), "forward_s": [0.1, 1.0, 10.0] + [1.0] * 7})
-    problem = build_problem(cluster, Workload(num_stages=3, path_length=3, microbatches_per_data_node=2, max_swaps=0,
-                                              n_layers=3))
+    """Two islands whose apportioned stages the TC1 caps cannot route (``islands_the_caps_cannot_carry``)."""
+    problem = islands_the_caps_cannot_carry()
     groups = decompose.islands(problem.transfer_s)
     sizes = decompose.apportion(problem.stage_sizes, groups, 1.0 / problem.forward_s)
     subs = [decompose.sub_problem(problem, g, row) for g, row in zip(groups, sizes)]
