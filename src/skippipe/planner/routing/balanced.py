@@ -69,7 +69,7 @@ def balanced_routes(
             return None
     rc = RouteCosts.from_problem(problem)
     left_orders = dict(quotas) if quotas is not None else None
-    stage_of = {int(x): s for s, st in enumerate(stages) for x in st}
+    stage_of = {int(x): s for s, st in enumerate(stages) for x in st} if quotas is not None else {}
     m = problem.workload.microbatches_per_data_node
     arrays = [np.asarray(s, dtype=int) for s in stages]
     left = np.zeros(problem.n, dtype=int)
