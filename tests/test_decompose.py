@@ -224,6 +224,13 @@ def test_probed_rows_go_on_with_single_moves_while_the_slowest_island_gets_quick
     assert [r[0] for r in rows] == [3, 3]  # 30 s and 20 s: the slowest island 40 -> 30 s
     assert [sum(c) for c in zip(*rows)] == [sum(c) for c in zip(*sizes)]
     assert set(probed) == {(0, 2), (0, 3), (0, 4), (1, 2), (1, 3), (1, 4)}  # the two moved were probed too
+    # a split of many moves that is not affordable is not probed; the single moves still are
+    probed.clear()
+    asked: list[list[list[int]]] = []
+    rows = D.probed_rows(problem, groups, sizes, probe, single_rounds=3, affordable=lambda r: asked.append(r) is not None)
+    assert [r[0] for r in rows] == [3, 3]
+    assert [[r[0] for r in split] for split in asked] == [[2, 4]]  # asked about the many moves alone
+    assert probed[:4] == [(0, 4), (1, 2), (0, 3), (1, 3)]  # the first single move next, not the two moved
 
 
 def test_islands_get_data_nodes_by_their_makespans():

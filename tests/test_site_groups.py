@@ -88,12 +88,12 @@ def test_above_the_decompose_size_groups_need_sites_and_time(large_path, monkeyp
     sites = build_problem(random_global_cluster(30, seed=3, sites=3, speed=(0.5, 2.0)), WORKLOAD)
     groups = G.site_groups(sites)
     assert groups is not None and len(groups) >= 2
-    assert G.grouped_cpu_estimate(sites, groups) < budget.PLANNING_SHARE * budget.planning_target_s(30)
+    assert G.grouped_wall_estimate(sites, groups) < budget.PLANNING_SHARE * budget.planning_target_s(30)
     # one node per site: groups would be arbitrary
     assert not G.has_sites(build_problem(random_global_cluster(300, seed=1), WORKLOAD).transfer_s)
     assert G.site_groups(build_problem(random_global_cluster(30, seed=3, speed=(0.5, 2.0)), WORKLOAD)) is None
     # groups whose starts would not fit the planning-time target are not planned
-    monkeypatch.setattr(G, "GROUP_START_S_UNEVEN", 1.0)
+    monkeypatch.setattr(G, "GROUP_PLAN_S", 1.0)
     assert G.site_groups(sites) is None
 
 
@@ -108,3 +108,37 @@ def test_above_the_decompose_size_groups_alone_behind_the_safety_net(large_path)
     assert plan_violations(plan) == []
     assert plan.predicted_makespan_s == pytest.approx(min([grouped.predicted_makespan_s, base_s, *nets]))
     assert "whole_makespan_s" not in plan.meta  # the whole cluster is not searched
+
+
+def test_the_wall_clock_estimate_shares_a_batch_over_the_workers(large_path):
+    sites = build_problem(random_global_cluster(30, seed=3, sites=3, speed=(0.5, 2.0)), WORKLOAD)
+    groups = G.site_groups(sites)
+    sizes = decompose.apportion(sites.stage_sizes, groups, 1.0 / sites.forward_s)
+    subs = [decompose.sub_problem(sites, g, row) for g, row in zip(groups, sizes)]
+    one = [G.batch_wall_s([sub]) for sub in subs]
+    assert one == [G.GROUP_PLAN_S * sub.n**2 * sub.num_stages for sub in subs]
+    assert max(one) <= G.batch_wall_s(subs) < sum(one)  # the workers share a batch
+    assert G.batch_wall_s([subs[0], subs[0]]) == pytest.approx(one[0])  # two alike side by side
+    assert [id(s) for s in G.fresh_groups(subs + subs, ())] == [id(s) for s in subs]  # one plan per cost
+    assert [id(s) for s in G.fresh_groups(subs, {decompose.cost_key(subs[0])})] == [id(s) for s in subs[1:]]
+    assert G.grouped_wall_estimate(sites, groups) == pytest.approx(G.batch_wall_s(subs) + G.SINGLE_ROUNDS * max(one))
+
+
+@pytest.mark.parametrize("room_s", [0.0, 1e9])
+def test_rounds_of_many_moves_only_while_their_estimate_fits(large_path, monkeypatch, room_s):
+    problem = build_problem(random_global_cluster(30, seed=1, sites=4, speed=(0.5, 2.0), memory=(1, 4)), WORKLOAD)
+    groups = G.site_groups(problem)
+    asked: list[bool] = []
+    probed_rows = decompose.probed_rows
+
+    def spy(*args):
+        def affordable(rows):
+            asked.append(args[5](rows))
+            return asked[-1]
+        return probed_rows(*args[:5], affordable)
+
+    monkeypatch.setattr(decompose, "probed_rows", spy)
+    plan = G.grouped_plan(problem, groups, seed=0, time_limit_s=None, thorough=False, room_s=room_s)
+    assert plan is not None and plan_violations(plan) == []
+    # two rounds of many moves with room; without, the first is refused and no other asked for
+    assert asked == ([True, True] if room_s > 0 else [False])

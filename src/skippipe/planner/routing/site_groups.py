@@ -29,13 +29,16 @@ there the groups are planned alone, each with a quicker start (``plan_skippipe(.
 thorough=False)``), behind the same safety net as the whole search (the ``skippipe-no-tc2``
 plan and the fallbacks on its allocation); and only where the cluster has sites
 (``has_sites``: where every node is a site of its own, groups are arbitrary) and the groups'
-estimated planning fits the planning-time target (``grouped_cpu_estimate``; else the whole
-search, as before).
+estimated wall clock (``grouped_wall_estimate``: every group once and the single moves, on the
+planning workers) fits the planning-time target; else the whole search, as before. The rounds
+of many moves are planned there only while their estimate still fits (``grouped_plan``'s
+``room_s``): on the 1,000-node global uneven suite row the one they would add took 18 s of
+wall clock, and without it the single moves reach the same plan (61.85 s).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 import numpy as np
 
@@ -45,7 +48,7 @@ from skippipe.planner.problem import Problem
 from skippipe.planner.routing import decompose
 from skippipe.planner.routing.budget import PLANNING_SHARE, default_budget, planning_target_s
 from skippipe.planner.routing.schedule import plan_skippipe, quickest
-from skippipe.planner.routing.workers import GroupPlanner
+from skippipe.planner.routing.workers import DEFAULT_WORKERS, GroupPlanner
 from skippipe.sim import simulate
 
 SPLIT_NODES = 48  # clusters from this many nodes get the candidate
@@ -61,13 +64,12 @@ SINGLE_ROUNDS = 3
 # generated clusters of 201-800 nodes: 3-6 with one node per site, 9-11 with sites of 10 nodes)
 SITE_HOP = 1.05
 SITE_MATES = 7
-# above DECOMPOSE_NODES nodes the groups are planned only while their estimated planning CPU,
-# GROUP_START_S x n^2 x S summed over the groups of distinct costs, fits PLANNING_SHARE of the
-# planning-time target (the starts dominate it). Measured on the 2-core machine over the whole
-# grouped plan, safety net included, on six clusters of 201-1,000 nodes: 0.23-0.43 ms with
-# uneven compute, 0.27 ms with even compute (no timetable or data-node exchanges there)
-GROUP_START_S_UNEVEN = 0.45e-3
-GROUP_START_S_EVEN = 0.3e-3
+# above DECOMPOSE_NODES nodes the groups are planned only where the estimated wall clock of their
+# planning fits PLANNING_SHARE of the planning-time target (``grouped_wall_estimate``): a group
+# plan with the quicker start is estimated at GROUP_PLAN_S x n^2 x S of CPU (the start dominates
+# it). Measured on the 2-core machine, the mean over the groups of six clusters of 250-1,000
+# nodes: 0.14-0.25 ms (0.36 ms the most of one group)
+GROUP_PLAN_S = 0.25e-3
 
 
 def has_sites(transfer_s: np.ndarray) -> bool:
@@ -77,15 +79,30 @@ def has_sites(transfer_s: np.ndarray) -> bool:
     return float(np.median(mates)) >= SITE_MATES
 
 
-def grouped_cpu_estimate(problem: Problem, groups: list[list[int]]) -> float:
-    """The estimated planning CPU seconds of ``grouped_plan`` (see ``GROUP_START_S_UNEVEN``);
-    infinite when the stages cannot be dealt over the groups."""
+def batch_wall_s(subs: list[Problem]) -> float:
+    """The estimated wall clock of planning the groups ``subs`` with the quicker start (see
+    ``GROUP_PLAN_S``) on ``DEFAULT_WORKERS`` workers: the larger of the largest group's plan and
+    the batch's CPU shared by the workers. A count, so the same on every machine."""
+    cpu = [GROUP_PLAN_S * sub.n**2 * sub.num_stages for sub in subs]
+    return max(max(cpu, default=0.0), sum(cpu) / DEFAULT_WORKERS)
+
+
+def fresh_groups(subs: list[Problem], planned: Collection[bytes]) -> list[Problem]:
+    """The groups of ``subs`` of distinct costs not planned yet (not in ``planned``, by
+    ``decompose.cost_key``): those a batch plans."""
+    return list({key: sub for sub in subs if (key := decompose.cost_key(sub)) not in planned}.values())
+
+
+def grouped_wall_estimate(problem: Problem, groups: list[list[int]]) -> float:
+    """The estimated wall clock of what ``grouped_plan`` always plans: every group of distinct
+    costs once, and ``SINGLE_ROUNDS`` single moves (two groups each, at most the largest's
+    plan); infinite when the stages cannot be dealt over the groups. The rounds of many moves
+    come on top, while they fit (``grouped_plan``'s ``room_s``)."""
     sizes = decompose.apportion(problem.stage_sizes, groups, 1.0 / problem.forward_s)
     if sizes is None:
         return float("inf")
-    distinct = {decompose.cost_key(decompose.sub_problem(problem, g, row)): len(g) for g, row in zip(groups, sizes)}
-    per_unit = GROUP_START_S_EVEN if problem.even_compute else GROUP_START_S_UNEVEN
-    return per_unit * problem.num_stages * sum(n * n for n in distinct.values())
+    subs = fresh_groups([decompose.sub_problem(problem, g, row) for g, row in zip(groups, sizes)], ())
+    return batch_wall_s(subs) + SINGLE_ROUNDS * max(batch_wall_s([sub]) for sub in subs)
 
 
 def site_groups(problem: Problem) -> list[list[int]] | None:
@@ -100,19 +117,21 @@ def site_groups(problem: Problem) -> list[list[int]] | None:
     groups = decompose.locality_groups(problem.transfer_s, max(GROUP_NODES, problem.num_stages))
     if len(groups) < 2:
         return None
-    if large and grouped_cpu_estimate(problem, groups) > PLANNING_SHARE * planning_target_s(problem.n):
+    if large and grouped_wall_estimate(problem, groups) > PLANNING_SHARE * planning_target_s(problem.n):
         return None
     return groups
 
 
 def grouped_plan(
     problem: Problem, groups: list[list[int]], seed: int, time_limit_s: float | None, thorough: bool = True,
-    planner: GroupPlanner | None = None,
+    planner: GroupPlanner | None = None, room_s: float | None = None,
 ) -> Plan | None:
     """The merged plan of ``groups`` (step 2 of the module text), simulated; None when the
     stages cannot be dealt over the groups or a group cannot be planned. ``thorough``: the
     start of each group's search (``plan_skippipe``); ``planner`` plans the groups (by default
-    in this process, one after another)."""
+    in this process, one after another); ``room_s``: where given, the estimated wall clock
+    (``batch_wall_s``) the rounds of many moves may take together, the rounds that would not
+    fit are left out (the single moves follow)."""
     sizes = decompose.apportion(problem.stage_sizes, groups, 1.0 / problem.forward_s)
     if sizes is None:
         return None
@@ -129,8 +148,16 @@ def grouped_plan(
             subs, lambda batch: plans.plan(batch, seed=seed, time_limit_s=share, budget=budget, thorough=thorough),
             planned)
 
+    def affordable(rows: list[list[int]]) -> bool:
+        nonlocal room_s
+        if room_s is None:
+            return True
+        need = batch_wall_s(fresh_groups([decompose.sub_problem(problem, g, r) for g, r in zip(groups, rows)], planned))
+        room_s -= need
+        return room_s >= 0.0
+
     try:
-        rows = decompose.probed_rows(problem, groups, sizes, plan_groups, SINGLE_ROUNDS)
+        rows = decompose.probed_rows(problem, groups, sizes, plan_groups, SINGLE_ROUNDS, affordable)
         subs = [decompose.sub_problem(problem, nodes, row) for nodes, row in zip(groups, rows)]
         parts = list(zip(groups, plan_groups(subs)))
     except UserError:  # a group the caps or the path rules cannot serve: the whole plan stands
@@ -157,7 +184,9 @@ def plan_whole_or_grouped(
     with GroupPlanner() as planner:
         if problem.n > decompose.DECOMPOSE_NODES:
             net = planner.submit(decompose.safety_net, problem, seed, fallbacks)  # beside the groups
-            split = grouped_plan(problem, groups, seed, time_limit_s, thorough=False, planner=planner)
+            room = None if time_limit_s is not None else (
+                PLANNING_SHARE * planning_target_s(problem.n) - grouped_wall_estimate(problem, groups))
+            split = grouped_plan(problem, groups, seed, time_limit_s, thorough=False, planner=planner, room_s=room)
             if split is None:
                 return plan_skippipe(problem, seed=seed, time_limit_s=time_limit_s, fallbacks=fallbacks)
             return quickest(split, net.result())
