@@ -119,8 +119,8 @@ def test_the_wall_clock_estimate_shares_a_batch_over_the_workers(large_path):
     assert one == [G.GROUP_PLAN_S * sub.n**2 * sub.num_stages for sub in subs]
     assert max(one) <= G.batch_wall_s(subs) < sum(one)  # the workers share a batch
     assert G.batch_wall_s([subs[0], subs[0]]) == pytest.approx(one[0])  # two alike side by side
-    assert [id(s) for s in G.fresh_groups(subs + subs, ())] == [id(s) for s in subs]  # one plan per cost
-    assert [id(s) for s in G.fresh_groups(subs, {decompose.cost_key(subs[0])})] == [id(s) for s in subs[1:]]
+    assert [id(s) for s in decompose.fresh_groups(subs + subs, ()).values()] == [id(s) for s in subs]  # one plan per cost
+    assert [id(s) for s in decompose.fresh_groups(subs, {decompose.cost_key(subs[0])}).values()] == [id(s) for s in subs[1:]]
     assert G.grouped_wall_estimate(sites, groups) == pytest.approx(G.batch_wall_s(subs) + G.SINGLE_ROUNDS * max(one))
 
 

@@ -44,7 +44,7 @@ slowest group's.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 import numpy as np
 from scipy.sparse import csr_matrix
@@ -267,15 +267,20 @@ def cost_key(p: Problem) -> bytes:
                                                                  np.asarray(p.stage_sizes)))
 
 
+def fresh_groups(subs: list[Problem], planned: Collection[bytes]) -> dict[bytes, Problem]:
+    """The groups of ``subs`` of distinct costs (``cost_key``) not in ``planned``, by their
+    cost: those a batch of ``distinct_plans`` plans."""
+    return {key: sub for sub in subs if (key := cost_key(sub)) not in planned}
+
+
 def distinct_plans(
     subs: list[Problem], plan_batch: Callable[[list[Problem]], list[Plan]], planned: dict[bytes, Plan]
 ) -> list[Plan]:
     """The plans of ``subs``, each cost (``cost_key``) planned once: those not yet in ``planned``
-    by one call of ``plan_batch``, kept in ``planned``."""
-    keys = [cost_key(sub) for sub in subs]
-    fresh = {key: sub for key, sub in zip(keys, subs) if key not in planned}
+    (``fresh_groups``) by one call of ``plan_batch``, kept in ``planned``."""
+    fresh = fresh_groups(subs, planned)
     planned.update(zip(fresh, plan_batch(list(fresh.values()))))
-    return [planned[key] for key in keys]
+    return [planned[cost_key(sub)] for sub in subs]
 
 
 def probed_rows(

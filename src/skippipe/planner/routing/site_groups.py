@@ -38,7 +38,7 @@ wall clock, and without it the single moves reach the same plan (61.85 s).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 
 import numpy as np
 
@@ -87,12 +87,6 @@ def batch_wall_s(subs: list[Problem]) -> float:
     return max(max(cpu, default=0.0), sum(cpu) / DEFAULT_WORKERS)
 
 
-def fresh_groups(subs: list[Problem], planned: Collection[bytes]) -> list[Problem]:
-    """The groups of ``subs`` of distinct costs not planned yet (not in ``planned``, by
-    ``decompose.cost_key``): those a batch plans."""
-    return list({key: sub for sub in subs if (key := decompose.cost_key(sub)) not in planned}.values())
-
-
 def grouped_wall_estimate(problem: Problem, groups: list[list[int]]) -> float:
     """The estimated wall clock of what ``grouped_plan`` always plans: every group of distinct
     costs once, and ``SINGLE_ROUNDS`` single moves (two groups each, at most the largest's
@@ -101,7 +95,7 @@ def grouped_wall_estimate(problem: Problem, groups: list[list[int]]) -> float:
     sizes = decompose.apportion(problem.stage_sizes, groups, 1.0 / problem.forward_s)
     if sizes is None:
         return float("inf")
-    subs = fresh_groups([decompose.sub_problem(problem, g, row) for g, row in zip(groups, sizes)], ())
+    subs = list(decompose.fresh_groups([decompose.sub_problem(problem, g, row) for g, row in zip(groups, sizes)], ()).values())
     return batch_wall_s(subs) + SINGLE_ROUNDS * max(batch_wall_s([sub]) for sub in subs)
 
 
@@ -150,14 +144,13 @@ def grouped_plan(
 
     def affordable(rows: list[list[int]]) -> bool:
         nonlocal room_s
-        if room_s is None:
-            return True
-        need = batch_wall_s(fresh_groups([decompose.sub_problem(problem, g, r) for g, r in zip(groups, rows)], planned))
-        room_s -= need
+        fresh = decompose.fresh_groups([decompose.sub_problem(problem, g, r) for g, r in zip(groups, rows)], planned)
+        room_s -= batch_wall_s(list(fresh.values()))
         return room_s >= 0.0
 
     try:
-        rows = decompose.probed_rows(problem, groups, sizes, plan_groups, SINGLE_ROUNDS, affordable)
+        rows = decompose.probed_rows(problem, groups, sizes, plan_groups, SINGLE_ROUNDS,
+                                     None if room_s is None else affordable)
         subs = [decompose.sub_problem(problem, nodes, row) for nodes, row in zip(groups, rows)]
         parts = list(zip(groups, plan_groups(subs)))
     except UserError:  # a group the caps or the path rules cannot serve: the whole plan stands
