@@ -16,7 +16,7 @@ from skippipe.planner.allocation import allocate
 from skippipe.planner.problem import build_problem
 from skippipe.planner.routing.balanced import balanced_candidate, balanced_routes
 from skippipe.planner.routing.evaluate import Evaluator
-from skippipe.planner.routing.schedule import build_plan, static_routes
+from skippipe.planner.routing.schedule import build_plan
 from skippipe.planner.routing.sequences import (
     RouteCosts,
     cheapest_chain,
@@ -25,6 +25,7 @@ from skippipe.planner.routing.sequences import (
     stage_cap_sums,
     stage_sequences,
 )
+from skippipe.planner.routing.static import static_routes
 from skippipe.workload import Workload
 
 

@@ -9,8 +9,9 @@ from skippipe.planner.problem import build_problem
 from skippipe.planner.routing.candidates import PRIVATE_CHAINS, Candidate, stage_orders
 from skippipe.planner.routing.evaluate import Evaluator
 from skippipe.planner.routing.ordered import CHAIN_CANDIDATES, ordered_chains
-from skippipe.planner.routing.schedule import build_plan, chain_candidate
+from skippipe.planner.routing.schedule import build_plan
 from skippipe.planner.routing.search import RouteSearch
+from skippipe.planner.routing.static import chain_candidate
 from skippipe.workload import Workload
 
 

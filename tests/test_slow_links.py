@@ -16,7 +16,7 @@ from skippipe.planner.allocation.stage_caps import largest_hold_per_slot
 from skippipe.planner.problem import Problem, build_problem
 from skippipe.planner.routing.candidates import Candidate, remembered_dealings, slow_link_candidate, stage_orders
 from skippipe.planner.routing.evaluate import Evaluator
-from skippipe.planner.routing.schedule import build_plan, static_routes
+from skippipe.planner.routing.schedule import build_plan
 from skippipe.planner.routing.sequences import RouteCosts
 from skippipe.planner.routing.slow_links import (
     min_cost_routing,
@@ -25,6 +25,7 @@ from skippipe.planner.routing.slow_links import (
     slow_link_mask,
     uses_slow_link,
 )
+from skippipe.planner.routing.static import static_routes
 from skippipe.workload import Workload, least_max_jump
 
 

@@ -18,8 +18,9 @@ from skippipe.planner.problem import build_problem
 from skippipe.planner.routing import candidates
 from skippipe.planner.routing.candidates import stage_orders
 from skippipe.planner.routing.evaluate import Evaluator
-from skippipe.planner.routing.schedule import build_plan, plan_skippipe, static_routes
+from skippipe.planner.routing.schedule import build_plan, plan_skippipe
 from skippipe.planner.routing.search import SearchLimits
+from skippipe.planner.routing.static import static_routes
 from skippipe.planner.routing.timetable import Timeline, estimated_work, timetable_routes
 from skippipe.sim import simulate
 from skippipe.workload import Workload

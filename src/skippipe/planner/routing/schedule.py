@@ -2,8 +2,8 @@
 
 ``plan_no_tc2`` chooses paths for the network and the load only: every microbatch gets a cheap
 valid path (CC1-CC3) under the TC1 caps and a static per-round slot limit, ignoring when
-microbatches meet on a node (``routing.assign``; nothing is simulated). A data node injects its
-microbatches round by round, slowest path first within a round. When the cluster fixes no
+microbatches meet on a node (``routing.static`` and ``routing.assign``; nothing is simulated).
+A data node injects its microbatches round by round, slowest path first within a round. When the cluster fixes no
 allocation, both methods start from ``allocate`` (the GCMA-style search in ``planner.allocation``).
 
 ``plan_skippipe`` is collision-aware (TC2). It starts from the ``skippipe-no-tc2`` plan and
@@ -70,7 +70,6 @@ from dataclasses import dataclass
 from skippipe.errors import UserError
 from skippipe.planfile import Microbatch, Plan
 from skippipe.planner.problem import Problem
-from skippipe.planner.routing.assign import assign_static, round_of
 from skippipe.planner.routing.balanced import balanced_candidate
 from skippipe.planner.routing.budget import allocation_starts, default_budget
 from skippipe.planner.routing.candidates import (
@@ -87,13 +86,11 @@ from skippipe.planner.routing.candidates import (
     timetable_candidates,
 )
 from skippipe.planner.routing.evaluate import Evaluator, Route
-from skippipe.planner.routing.exchange import Paths
-from skippipe.planner.routing.groups import private_chains
 from skippipe.planner.routing.joint_groups import group_allocation
 from skippipe.planner.routing.ordered import improve_orders, ordered_chains
 from skippipe.planner.routing.search import RouteSearch, SearchLimits
-from skippipe.planner.routing.sequences import RouteCosts, search_width
 from skippipe.planner.routing.slow_links import SwapWork
+from skippipe.planner.routing.static import chain_candidate, chain_routes, static_routes
 from skippipe.sim import simulate
 
 # ----------------------------------------------------------------------------- helpers
@@ -113,82 +110,6 @@ def _allocation(problem: Problem, seed: int, time_limit_s: float | None) -> list
     from skippipe.planner.allocation import allocate
 
     return allocate(problem, seed=seed, time_limit_s=time_limit_s)
-
-
-def static_routes(problem: Problem, stages: list[list[int]], caps: list[int] | None = None) -> list[Route]:
-    """The ``skippipe-no-tc2`` routing: min-cost paths under the caps (``assign_static``).
-
-    Paths are chosen round by round (``route_assign``: a node takes no more microbatches of
-    one round than it has activation slots); a data node injects round by round, slowest path
-    first within a round. Paths with swaps can
-    wait on each other for memory in a circle (a deadlock, with little memory); if the routing
-    does not finish in the simulator it is redone without swaps, where the microbatch furthest
-    along can always move on.
-    """
-    caps = problem.load_caps(stages) if caps is None else caps
-    routes = _static_routes(problem, stages, caps, None)
-    if not math.isfinite(Evaluator(problem, stages).score(routes).makespan):
-        routes = _static_routes(problem, stages, caps, 0)
-        if not math.isfinite(Evaluator(problem, stages).score(routes).makespan):
-            raise UserError("no routing found that finishes: the microbatches wait on each other for memory")
-    return routes
-
-
-def _static_routes(problem: Problem, stages: list[list[int]], caps: list[int], max_swaps: int | None) -> list[Route]:
-    rc = RouteCosts.from_problem(problem)
-
-    def finishes(paths: Paths) -> bool:
-        return math.isfinite(Evaluator(problem, stages).score(_in_rounds(problem, rc, stages, paths)).makespan)
-
-    # large clusters: greedy paths with swaps that deadlock are not polished (they are routed
-    # again without swaps)
-    check = finishes if max_swaps is None and search_width(problem.n) is not None else None
-    return _in_rounds(problem, rc, stages, assign_static(problem, stages, caps, max_swaps=max_swaps, finishes=check))
-
-
-def _in_rounds(problem: Problem, rc: RouteCosts, stages: list[list[int]], paths: Paths) -> list[Route]:
-    """The routes of every data node, round by round, slowest path first within a round."""
-    routes: list[Route] = []
-    for d in stages[0]:
-        plist = [tuple(int(x) for x in p) for p in paths.get(d, [])]
-        # round by round (the greedy's rounds: a node's slots suffice within one), slowest first
-        order = sorted(range(len(plist)), key=lambda k: (round_of(problem, d, k), -rc.round_trip(d, plist[k]), plist[k]))
-        routes += [(int(d), plist[k]) for k in order]
-    return routes
-
-
-def chain_routes(stages: list[list[int]], chains: dict[int, list[int]], m: int) -> list[Route]:
-    return [(int(d), tuple(int(x) for x in chains[d])) for d in stages[0] for _ in range(m)]
-
-
-def chain_candidate(
-    problem: Problem, stages: list[list[int]], caps: list[int], seqs: tuple[tuple[int, ...], ...], deadline: float | None
-) -> list[Route] | None:
-    """Private chains for the data nodes that can have one; the others share what capacity is
-    left (static routing). When the rest cannot be routed, the least critical chain is given up."""
-    chains = private_chains(problem, stages, caps, seqs, deadline)
-    if not chains:
-        return None
-    m = problem.workload.microbatches_per_data_node
-    order = list(chains)
-    while chains:
-        rest = [d for d in stages[0] if d not in chains]
-        if not rest:
-            return chain_routes(stages, chains, m)
-        residual = list(caps)
-        for ch in chains.values():
-            for x in ch:
-                residual[x] -= m
-        try:
-            shared = static_routes(problem, [rest, *stages[1:]], residual)
-        except UserError:
-            chains.pop(order.pop())
-            continue
-        by_node: dict[int, list[Route]] = {}
-        for r in shared:
-            by_node.setdefault(r[0], []).append(r)
-        return [r for d in stages[0] for r in (by_node[d] if d in by_node else chain_routes([[d]], chains, m))]
-    return None
 
 
 def build_plan(
