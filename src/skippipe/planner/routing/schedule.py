@@ -3,8 +3,9 @@
 ``plan_no_tc2`` chooses paths for the network and the load only: every microbatch gets a cheap
 valid path (CC1-CC3) under the TC1 caps and a static per-round slot limit, ignoring when
 microbatches meet on a node (``routing.static`` and ``routing.assign``; nothing is simulated).
-A data node injects its microbatches round by round, slowest path first within a round. When the cluster fixes no
-allocation, both methods start from ``allocate`` (the GCMA-style search in ``planner.allocation``).
+A data node injects its microbatches round by round, slowest path first within a round. When
+the cluster fixes no allocation, both methods start from ``allocate`` (the GCMA-style search in
+``planner.allocation``).
 
 ``plan_skippipe`` is collision-aware (TC2). It starts from the ``skippipe-no-tc2`` plan and
 adds candidates built for the timeline:
