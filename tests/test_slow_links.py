@@ -19,7 +19,9 @@ from skippipe.planner.routing.evaluate import Evaluator
 from skippipe.planner.routing.schedule import build_plan
 from skippipe.planner.routing.sequences import RouteCosts
 from skippipe.planner.routing.slow_links import (
+    _shape,
     min_cost_routing,
+    programme_size,
     slow_link_allocation,
     slow_link_cutoff,
     slow_link_mask,
@@ -184,3 +186,31 @@ def test_memory_dealings_that_need_slow_links_are_searched_too():
     assert cand.score.makespan < start.score.makespan
     assert largest_hold_per_slot(problem, cand.stages) < largest_hold_per_slot(problem, start.stages)
     check_plan(build_plan(problem, cand.stages, cand.routes, "skippipe", 0))
+
+
+def test_the_programme_is_built_once_per_stage_sizes_and_renamed():
+    # 12 nodes, S = 9, L = 5, two swaps: 185 stage orders, one graph of 27 states
+    cluster = random_global_cluster(12, seed=4053, speed=(0.5, 2.0), memory=(1, 3), broken=0.5)
+    problem = build_problem(cluster, Workload(num_stages=9, path_length=5, microbatches_per_data_node=3, n_layers=27,
+                                              max_jump=5, max_swaps=2))
+    slow = slow_link_mask(problem.transfer_s)
+    rng = np.random.default_rng(0)
+    alloc = random_allocation(problem, rng)
+    seqs = stage_orders(problem, alloc)
+    per_order = len(alloc[0]) * sum(
+        sum(a * b for a, b in zip([1, *(len(alloc[s]) for s in seq)], [*(len(alloc[s]) for s in seq), 1])) for seq in seqs)
+    arcs, rows = programme_size(alloc, seqs)
+    assert len(seqs) == 185 and arcs * 5 < per_order
+    before = _shape.cache_info().misses
+    first = min_cost_routing(problem, alloc, seqs, slow, integral=True)
+    # the same nodes in the same stages, listed in another order: the same programme, renamed
+    shuffled = [list(rng.permutation(s)) for s in alloc]
+    again = min_cost_routing(problem, shuffled, seqs, slow, integral=True)
+    other = min_cost_routing(problem, random_allocation(problem, rng), seqs, slow, integral=False)
+    assert _shape.cache_info().misses - before <= 1
+    assert first is not None and again is not None and other is not None
+    assert abs(first.cost - again.cost) <= 1e-9 * first.cost
+    stage_of = {x: k for k, s in enumerate(alloc) for x in s}
+    for d, paths in again.paths.items():
+        assert stage_of[d] == 0 and len(paths) == 3
+        assert all(tuple(stage_of[x] for x in p) in seqs for p in paths)

@@ -17,7 +17,14 @@ from skippipe.planner.routing.data_nodes import ROUTING_CHARGE, data_node_search
 from skippipe.planner.routing.evaluate import Evaluator, Route, Score
 from skippipe.planner.routing.search import SearchLimits
 from skippipe.planner.routing.sequences import RouteCosts, stage_sequences
-from skippipe.planner.routing.slow_links import SwapWork, slow_link_allocation, slow_link_mask, uses_slow_link
+from skippipe.planner.routing.slow_links import (
+    DEALING_MAX_ARCS,
+    SwapWork,
+    arc_count,
+    slow_link_allocation,
+    slow_link_mask,
+    uses_slow_link,
+)
 from skippipe.planner.routing.timetable import LARGEST as TIMETABLE_LARGEST
 from skippipe.planner.routing.timetable import estimated_work, timetable_routes
 
@@ -194,8 +201,9 @@ def slow_link_candidate(
     (``dealings``: the exchanges that leave the slow links may leave the few-slot nodes where
     their holds are long). Otherwise it starts from those memory dealings that have no
     candidate over fast links alone (dealt by memory, the network unseen, they may need slow
-    links), and is kept only when it is a better start than the best so far (else it would
-    only move the search: sweep case 42 ended 2.4 % worse). The estimated CPU of the searches'
+    links; programmes of at most ``DEALING_MAX_ARCS`` arcs), and is kept only when it is a
+    better start than the best so far (else it would only move the search: sweep case 42 ended
+    2.4 % worse). The estimated CPU of the searches'
     programmes is added to ``work``."""
     slow = slow_link_mask(problem.transfer_s)
     if slow is None:
@@ -206,7 +214,8 @@ def slow_link_candidate(
     begins = [(start.name, start.stages)] if crossing else []
     for key, dealt in dealings(start.stages).items():
         if all(dealt != b for _, b in begins) and (crossing or dealt not in fast):
-            begins.append((key, dealt))
+            if crossing or arc_count(dealt, stage_orders(problem, dealt)) <= DEALING_MAX_ARCS:
+                begins.append((key, dealt))
     rc = RouteCosts.from_problem(problem)
     work = SwapWork() if work is None else work
     best: tuple[Candidate, Evaluator] | None = None

@@ -7,10 +7,13 @@ still spread the visits over every node, and an allocation chosen for its stage-
 may leave the caps no way to route every microbatch over fast links alone.
 
 ``min_cost_routing``: the cheapest static routing of an allocation under the TC1 caps, as an
-integer flow programme (HiGHS). Per data node d and valid stage order: one unit of flow per
-microbatch from d through one node of each stage of the order and back to d; an arc costs its
-two hops (activation forward, gradient back) and the compute of the node it enters; every
-node takes at most its cap of visits in all.
+integer flow programme (HiGHS). Per data node d: one unit of flow per microbatch from d along
+the graph of the valid stage orders (``order_graph``: the orders with their shared beginnings
+and endings merged), through one node of each stage of its order, and back to d; an arc costs
+its two hops (activation forward, gradient back) and the compute of the node it enters; every
+node takes at most its cap of visits in all. The programme of an allocation differs from that
+of another with the same stage sizes only in which node sits where, so it is built once, in
+positions (``_shape``), and renamed.
 
 ``slow_link_allocation``: from an allocation whose cheapest routing uses a slow link, exchange
 the stages of two nodes (first those with a node at the end of a slow link in use) while the
@@ -22,28 +25,36 @@ candidate's start; the local search of ``plan_skippipe`` goes on from there. Det
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
-from scipy.sparse import coo_matrix
+from scipy.sparse import coo_matrix, csr_matrix
 
 from skippipe.planner.problem import Problem
+from skippipe.planner.routing.order_graph import order_graph
 from skippipe.planner.routing.sequences import RouteCosts
 
-# the flow programme is built only up to this many arcs (its relaxation about 0.25 s, the
-# integer programme about 1 s on one core; 30 nodes, S = 6, L = 4 has 8,320)
+# the flow programme is built only up to this many arcs (its relaxation about 0.15 s, the
+# integer programme about 0.3 s on one core; 30 nodes, S = 6, L = 4 has 4,776, 40 nodes with
+# S = 5, L = 3 6,071)
 MAX_ARCS = 10_000
+# from the memory dealings of a start that keeps to fast links (``candidates.slow_link_candidate``)
+# only up to this many arcs: such a search is kept only when it beats the start, and an integer
+# routing of a larger programme can take seconds (1.34 s at 5,634 arcs, a 30-node cluster with
+# S = 8, L = 5, where the relaxation takes 0.09 s)
+DEALING_MAX_ARCS = 4_000
 # the allocation search solves at most this many arcs' worth of relaxations (relaxations x arcs
-# per relaxation; sweep case 27, 24 nodes, needed 73 x 1,728). Each search has its own: with
+# per relaxation; sweep case 27, 24 nodes, needed 73 relaxations). Each search has its own: with
 # 4 s of estimated CPU for all the searches of a start together, two generated 13-node clusters
 # with half their links broken and S = 9 planned at 2,997 s instead of 136 s and 735 s instead
-# of 101 s (their searches need 11-39 relaxations of 0.4-0.7 s to leave the slow links)
+# of 101 s (their searches need 11-39 relaxations to leave the slow links)
 SWAP_WORK = 200_000
 # the CPU of one relaxation: RELAX_BASE_S + RELAX_CELL_S x arcs x rows, measured on the 2-core
-# machine on seven programmes of 322-5,194 arcs (8 ms to 0.74 s, within 40 %); an integer
-# routing about INTEGER_FACTOR x that (1.1-2.1 x measured)
-RELAX_BASE_S = 8e-3
-RELAX_CELL_S = 3.5e-8
+# machine on twelve programmes of 346-6,071 arcs (4.5 to 69 ms, within 20 %); an integer
+# routing about INTEGER_FACTOR x that (2.0-2.5 x measured, once 8.8 x)
+RELAX_BASE_S = 4e-3
+RELAX_CELL_S = 1.5e-8
 INTEGER_FACTOR = 2.0
 # a safety net on HiGHS (seconds) for the integer routing: those above take at most a few
 MILP_SECONDS = 10.0
@@ -76,14 +87,17 @@ def slow_link_mask(transfer_s: np.ndarray) -> np.ndarray | None:
 
 @dataclass
 class _Arcs:
-    """The arcs of the flow programme: per arc its data node, layer, tail and head node."""
+    """The arcs of the flow programme: per arc its data node, tail and head node, the states of
+    the order graph it leaves and enters (``order_graph``) and the depth of the first."""
 
     data: np.ndarray
-    layer: np.ndarray
+    layer: np.ndarray  # depth of ``tail_state`` (0: the hop out of the data node)
     tail: np.ndarray
     head: np.ndarray
-    commodity: np.ndarray  # (data node, stage order) index
+    commodity: np.ndarray  # index of the data node in stage 0
     last: np.ndarray  # bool: the hop back to the data node
+    tail_state: np.ndarray
+    head_state: np.ndarray
 
 
 @dataclass
@@ -101,41 +115,86 @@ def min_cost_routing(
     module text); ``slow``: the slow links (``slow_link_mask``), with ``fast_only`` never used.
     None when none exists or the programme has more than ``MAX_ARCS`` arcs."""
     m = problem.workload.microbatches_per_data_node
-    rc = RouteCosts.from_problem(problem)
-    caps = problem.load_caps(stages)
-    count = _arc_count(stages, seqs)
+    count = arc_count(stages, seqs)
     if count > MAX_ARCS or count == 0:
         return None
-    arcs, rows, cols, lower, upper = _build(problem.n, stages, seqs, caps, m)
+    rc = RouteCosts.from_problem(problem)
+    shape = _shape(problem.n, tuple(len(s) for s in stages), seqs, m)
+    node = np.array([x for s in stages for x in s], dtype=int)  # node at each position
+    arcs = shape.arcs_of(node)
     cost = rc.edge[arcs.tail, arcs.head] + np.where(arcs.last, 0.0, rc.node[arcs.head])
     on_slow = np.zeros(count, dtype=bool) if slow is None else slow[arcs.tail, arcs.head]
-    a = coo_matrix((cols[1], (rows, cols[0])), shape=(len(lower), count)).tocsr()
-    res = milp(c=cost, constraints=LinearConstraint(a, lower, upper), integrality=np.full(count, int(integral)),
+    upper = shape.upper.copy()
+    upper[: problem.n] = np.asarray(problem.load_caps(stages), dtype=float)[node]  # the caps, row by position
+    res = milp(c=cost, constraints=LinearConstraint(shape.matrix, shape.lower, upper),
+               integrality=np.full(count, int(integral)),
                bounds=Bounds(0, np.where(on_slow & fast_only, 0.0, float(m))), options={"time_limit": MILP_SECONDS})
     if res.x is None or not res.success:
         return None
     flow = np.round(res.x) if integral else res.x
     hops = (flow > 1e-6) & on_slow
     ends = {int(x) for x in np.concatenate([arcs.tail[hops], arcs.head[hops]])}
-    paths = _decompose(arcs, flow.astype(int), len(seqs), stages[0]) if integral else None
+    paths = _decompose(arcs, flow.astype(int), stages[0]) if integral else None
     return Routing(float(cost @ flow), paths, ends)
 
 
-def _arc_count(stages: list[list[int]], seqs: tuple[tuple[int, ...], ...]) -> int:
-    """Arcs of the flow programme: per data node and stage order, its layers' node pairs."""
-    total = 0
-    for seq in seqs:
-        sizes = [1] + [len(stages[s]) for s in seq] + [1]
-        total += sum(a * b for a, b in zip(sizes, sizes[1:]))
-    return len(stages[0]) * total
+def arc_count(stages: list[list[int]], seqs: tuple[tuple[int, ...], ...]) -> int:
+    """Arcs of the flow programme: per data node, per step of the order graph, the node pairs."""
+    return programme_size(stages, seqs)[0]
+
+
+def programme_size(stages: list[list[int]], seqs: tuple[tuple[int, ...], ...]) -> tuple[int, int]:
+    """(arcs, rows) of the flow programme of an allocation."""
+    return _counts(tuple(len(s) for s in stages), seqs)
+
+
+@lru_cache(maxsize=64)
+def _counts(sizes: tuple[int, ...], seqs: tuple[tuple[int, ...], ...]) -> tuple[int, int]:
+    """(arcs, rows) of the flow programme for these stage sizes."""
+    graph = order_graph(seqs)
+    held = [1] + [sum(sizes[s] for s in stages) for stages in graph.entering()[1:]]  # nodes a state holds
+    per_data = sum(held[q] * sizes[stage] for q, stage, _ in graph.steps) + held[graph.final]
+    rows = sum(sizes) + sizes[0] * (1 + sum(held[1:]))
+    return sizes[0] * per_data, rows
+
+
+@dataclass(frozen=True)
+class _Shape:
+    """The flow programme of every allocation with these stage sizes, in positions (the
+    nodes of stage 0, then of stage 1, ...): an allocation only renames the nodes, so the
+    arcs' positions, the constraint matrix and its bounds but the caps are built once."""
+
+    arcs: _Arcs  # tail, head and data hold positions
+    matrix: csr_matrix
+    lower: np.ndarray
+    upper: np.ndarray  # the first N rows (the caps, by position) are set per allocation
+
+    def arcs_of(self, node: np.ndarray) -> _Arcs:
+        """The arcs with the positions replaced by ``node[position]``."""
+        a = self.arcs
+        return _Arcs(node[a.data], a.layer, node[a.tail], node[a.head], a.commodity, a.last, a.tail_state,
+                     a.head_state)
+
+
+@lru_cache(maxsize=8)
+def _shape(n: int, sizes: tuple[int, ...], seqs: tuple[tuple[int, ...], ...], m: int) -> _Shape:
+    bounds = np.cumsum((0, *sizes))
+    positions = [list(range(int(a), int(b))) for a, b in zip(bounds, bounds[1:])]
+    arcs, rows, cols, lower, upper = _build(n, positions, seqs, [0] * n, m)
+    matrix = coo_matrix((cols[1], (rows, cols[0])), shape=(len(lower), len(arcs.tail))).tocsr()
+    return _Shape(arcs, matrix, lower, upper)
 
 
 def _build(
     n: int, stages: list[list[int]], seqs: tuple[tuple[int, ...], ...], caps: list[int], m: int
 ) -> tuple[_Arcs, np.ndarray, tuple[np.ndarray, np.ndarray], np.ndarray, np.ndarray]:
-    """Arcs and the constraint matrix in coordinates: rows = caps of the non-data nodes, then one
-    total per data node, then flow conservation per commodity, layer and node."""
-    parts: dict[str, list[np.ndarray]] = {k: [] for k in ("data", "layer", "tail", "head", "commodity", "last")}
+    """Arcs and the constraint matrix in coordinates: rows = caps of the non-data nodes, then per
+    data node its total and flow conservation at every (state, node) of its order graph."""
+    graph = order_graph(seqs)
+    into = graph.entering()
+    held = [np.array([], dtype=int)] + [np.concatenate([np.asarray(stages[s], dtype=int) for s in sorted(st)])
+                                        for st in into[1:]]
+    cols_of = {k: [] for k in ("data", "layer", "tail", "head", "commodity", "last", "tail_state", "head_state")}
     rows: list[np.ndarray] = []
     cols: list[np.ndarray] = []
     signs: list[np.ndarray] = []
@@ -146,51 +205,53 @@ def _build(
         total_row = len(lower)
         lower.append(float(m))
         upper.append(float(m))
-        for si, seq in enumerate(seqs):
-            layers = [np.array([d])] + [np.asarray(stages[s]) for s in seq] + [np.array([d])]
-            base = len(lower)  # conservation rows of this commodity: per inner layer, per node
-            offsets = np.cumsum([0] + [len(x) for x in layers[1:-1]])
-            lower += [0.0] * int(offsets[-1])
-            upper += [0.0] * int(offsets[-1])
-            for k in range(len(layers) - 1):
-                tail = np.repeat(layers[k], len(layers[k + 1]))
-                head = np.tile(layers[k + 1], len(layers[k]))
-                ids = np.arange(col, col + len(tail))
-                col += len(tail)
-                last = k + 1 == len(layers) - 1
-                for key, val in (("data", np.full(len(ids), d)), ("layer", np.full(len(ids), k)), ("tail", tail),
-                                 ("head", head), ("commodity", np.full(len(ids), di * len(seqs) + si)),
-                                 ("last", np.full(len(ids), last))):
-                    parts[key].append(val)
-                if k == 0:
-                    rows.append(np.full(len(ids), total_row))
-                    cols.append(ids)
-                    signs.append(np.ones(len(ids)))
-                else:  # leaves the node of layer k
-                    pos = np.repeat(np.arange(len(layers[k])), len(layers[k + 1]))
-                    rows.append(base + offsets[k - 1] + pos)
-                    cols.append(ids)
-                    signs.append(-np.ones(len(ids)))
-                if not last:  # enters the node of layer k + 1: conservation and its cap
-                    pos = np.tile(np.arange(len(layers[k + 1])), len(layers[k]))
-                    rows += [base + offsets[k] + pos, head]
-                    cols += [ids, ids]
-                    signs += [np.ones(len(ids)), np.ones(len(ids))]
-    arcs = _Arcs(**{k: np.concatenate(v) for k, v in parts.items()})
+        base = len(lower)  # conservation rows: per state but the start, per node it holds
+        offsets = np.cumsum([0] + [len(h) for h in held[1:]])
+        lower += [0.0] * int(offsets[-1])
+        upper += [0.0] * int(offsets[-1])
+        source = np.array([d])
+        moves = [(q, np.asarray(stages[s], dtype=int), nxt) for q, s, nxt in graph.steps]
+        moves.append((graph.final, source, -1))  # back to the data node
+        for q, targets, nxt in moves:
+            tails = source if q == 0 else held[q]
+            tail = np.repeat(tails, len(targets))
+            head = np.tile(targets, len(tails))
+            ids = np.arange(col, col + len(tail))
+            col += len(tail)
+            last = nxt < 0
+            for key, val in (("data", d), ("layer", graph.depth[q]), ("tail", tail), ("head", head),
+                             ("commodity", di), ("last", last), ("tail_state", q), ("head_state", nxt)):
+                cols_of[key].append(np.broadcast_to(val, ids.shape).copy() if np.ndim(val) == 0 else val)
+            if q == 0:
+                rows.append(np.full(len(ids), total_row))
+                cols.append(ids)
+                signs.append(np.ones(len(ids)))
+            else:  # leaves the node it holds at state q
+                pos = np.repeat(np.arange(len(tails)), len(targets))
+                rows.append(base + offsets[q - 1] + pos)
+                cols.append(ids)
+                signs.append(-np.ones(len(ids)))
+            if not last:  # enters a node at state nxt: conservation there and its cap
+                where = {int(x): i for i, x in enumerate(held[nxt])}
+                pos = np.array([where[int(x)] for x in targets])
+                rows += [base + offsets[nxt - 1] + np.tile(pos, len(tails)), head]
+                cols += [ids, ids]
+                signs += [np.ones(len(ids)), np.ones(len(ids))]
+    arcs = _Arcs(**{k: np.concatenate(v) for k, v in cols_of.items()})
     return (arcs, np.concatenate(rows), (np.concatenate(cols), np.concatenate(signs)), np.array(lower),
             np.array(upper))
 
 
-def _decompose(arcs: _Arcs, flow: np.ndarray, n_seqs: int, data_nodes: list[int]) -> dict[int, list[tuple[int, ...]]]:
-    """Integer flows read back as paths: per commodity, follow arcs with flow left from the
-    data node layer by layer."""
+def _decompose(arcs: _Arcs, flow: np.ndarray, data_nodes: list[int]) -> dict[int, list[tuple[int, ...]]]:
+    """Integer flows read back as paths: per data node, follow arcs with flow left from the
+    data node, each from the (state, node) the previous one entered."""
     paths: dict[int, list[tuple[int, ...]]] = {int(d): [] for d in data_nodes}
     left = flow.copy()
     for c in np.unique(arcs.commodity[flow > 0]):
         ids = np.flatnonzero(arcs.commodity == c)
         d = int(arcs.data[ids[0]])
         while True:
-            first = ids[(arcs.layer[ids] == 0) & (left[ids] > 0)]
+            first = ids[(arcs.tail_state[ids] == 0) & (left[ids] > 0)]
             if len(first) == 0:
                 break
             path: list[int] = []
@@ -198,7 +259,8 @@ def _decompose(arcs: _Arcs, flow: np.ndarray, n_seqs: int, data_nodes: list[int]
             while not arcs.last[arc]:
                 left[arc] -= 1
                 path.append(int(arcs.head[arc]))
-                nxt = ids[(arcs.layer[ids] == arcs.layer[arc] + 1) & (arcs.tail[ids] == arcs.head[arc]) & (left[ids] > 0)]
+                nxt = ids[(arcs.tail_state[ids] == arcs.head_state[arc]) & (arcs.tail[ids] == arcs.head[arc])
+                          & (left[ids] > 0)]
                 arc = int(nxt[0])
             left[arc] -= 1
             paths[d].append(tuple(path))
@@ -215,9 +277,8 @@ class SwapWork:
 
 def programme_s(stages: list[list[int]], seqs: tuple[tuple[int, ...], ...]) -> float:
     """The estimated CPU of one relaxation of ``min_cost_routing`` (see ``RELAX_CELL_S``)."""
-    inner = sum(len(stages[s]) for seq in seqs for s in seq)
-    rows = sum(len(s) for s in stages) + len(stages[0]) * (1 + inner)
-    return RELAX_BASE_S + RELAX_CELL_S * _arc_count(stages, seqs) * rows
+    arcs, rows = programme_size(stages, seqs)
+    return RELAX_BASE_S + RELAX_CELL_S * arcs * rows
 
 
 def slow_link_allocation(
@@ -228,7 +289,7 @@ def slow_link_allocation(
     (see the module text); with a fixed allocation only the routing. None when nothing is won.
     The programmes' estimated CPU is added to ``work``."""
     work = SwapWork() if work is None else work
-    arcs = _arc_count(stages, seqs)  # of every programme below: the exchanges keep the stage sizes
+    arcs = arc_count(stages, seqs)  # of every programme below: the exchanges keep the stage sizes
     if arcs > MAX_ARCS:
         return None  # no programme is built
     own = RouteCosts.from_problem(problem).own * problem.workload.microbatches_per_data_node
