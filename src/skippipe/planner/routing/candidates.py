@@ -15,6 +15,7 @@ from skippipe.planner.routing.data_nodes import LARGEST as DATA_NODES_LARGEST
 from skippipe.planner.routing.data_nodes import MAX_NODES as DATA_NODES_MAX_NODES
 from skippipe.planner.routing.data_nodes import ROUTING_CHARGE, data_node_search
 from skippipe.planner.routing.evaluate import Evaluator, Route, Score
+from skippipe.planner.routing.fast_allocation import fast_allocation
 from skippipe.planner.routing.search import SearchLimits
 from skippipe.planner.routing.sequences import RouteCosts, stage_sequences
 from skippipe.planner.routing.slow_links import (
@@ -203,8 +204,10 @@ def slow_link_candidate(
     candidate over fast links alone (dealt by memory, the network unseen, they may need slow
     links; programmes of at most ``DEALING_MAX_ARCS`` arcs), and is kept only when it is a
     better start than the best so far (else it would only move the search: sweep case 42 ended
-    2.4 % worse). The estimated CPU of the searches'
-    programmes is added to ``work``."""
+    2.4 % worse). Where the best start crosses and the exchanges leave slow links in use, whole
+    allocations are also tried by data-node set (``routing.fast_allocation``; not where the
+    cluster fixes the allocation). The estimated CPU of the exchanges' programmes is added to
+    ``work``."""
     slow = slow_link_mask(problem.transfer_s)
     if slow is None:
         return None
@@ -219,18 +222,26 @@ def slow_link_candidate(
     rc = RouteCosts.from_problem(problem)
     work = SwapWork() if work is None else work
     best: tuple[Candidate, Evaluator] | None = None
-    for name, begin in begins:
-        found = slow_link_allocation(problem, begin, stage_orders(problem, begin), slow, work)
+
+    def keep(name: str, found: tuple[list[list[int]], dict[int, list[tuple[int, ...]]]] | None) -> None:
+        nonlocal best
         if found is None:
-            continue
+            return
         stages, paths = found
         routes = [(d, p) for d in stages[0] for p in sorted(paths[d], key=lambda p: -rc.round_trip(d, p))]
         ev = Evaluator(problem, stages)
-        cand = Candidate(f"slow links ({start.name if crossing else name})", stages, routes, ev.score(routes))
+        cand = Candidate(name, stages, routes, ev.score(routes))
         if best is None or cand.score.key() < best[0].score.key():
             best = (cand, ev)
+
+    for name, begin in begins:
+        keep(f"slow links ({start.name if crossing else name})",
+             slow_link_allocation(problem, begin, stage_orders(problem, begin), slow, work))
     if best is not None and not crossing and not best[0].score.key() < start.score.key():
         return None  # from the memory dealings: only a start better than the best so far
+    if crossing and problem.fixed_stages is None and (best is None or uses_slow_link(slow, best[0].routes)):
+        begin = start.stages if best is None else best[0].stages  # the exchanges stopped on slow links
+        keep(f"fast links ({start.name})", fast_allocation(problem, begin, stage_orders(problem, begin), slow))
     return best
 
 
