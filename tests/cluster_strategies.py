@@ -4,6 +4,8 @@ files use."""
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 from hypothesis import strategies as st
 
@@ -46,6 +48,17 @@ def random_allocation(problem, rng) -> list[list[int]]:
         stages.append(sorted(order[at:at + size]))
         at += size
     return stages
+
+
+def dealings(nodes: list[int], sizes: list[int]):
+    """Every split of ``nodes`` into ordered groups of ``sizes`` (each group sorted)."""
+    if not sizes:
+        yield []
+        return
+    for first in itertools.combinations(nodes, sizes[0]):
+        left = [x for x in nodes if x not in first]
+        for tail in dealings(left, sizes[1:]):
+            yield [sorted(first), *tail]
 
 
 def makespan_on(problem, stages: list[list[int]], method: str) -> float | None:

@@ -8,6 +8,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from cluster_strategies import dealings
 from skippipe.cluster_gen import random_global_cluster
 from skippipe.planner import methods
 from skippipe.planner.problem import Problem, build_problem
@@ -22,16 +23,6 @@ def _problem(n: int, seed: int, stages: int, length: int, m: int, swaps: int, ju
     workload = Workload(num_stages=stages, path_length=length, microbatches_per_data_node=m, n_layers=3 * stages,
                         max_jump=jump, max_swaps=swaps)
     return build_problem(cluster, workload)
-
-
-def _splits(nodes: list[int], sizes: list[int]):
-    if not sizes:
-        yield []
-        return
-    for first in itertools.combinations(nodes, sizes[0]):
-        rest = [x for x in nodes if x not in first]
-        for tail in _splits(rest, sizes[1:]):
-            yield [list(first), *tail]
 
 
 @settings(max_examples=20, deadline=None)
@@ -49,7 +40,7 @@ def test_a_set_is_feasible_exactly_when_some_allocation_with_it_routes_over_fast
         found = fast_stages(problem, data, seqs, fast)
         others = [x for x in range(n) if x not in data]
         some = any(min_cost_routing(problem, [list(data), *split], seqs, slow, integral=False, fast_only=True)
-                   is not None for split in _splits(others, sizes[1:]))
+                   is not None for split in dealings(others, sizes[1:]))
         assert found.infeasible != (found.stages is not None)  # small programmes end either way
         assert (found.stages is not None) == some
         if found.stages is not None:

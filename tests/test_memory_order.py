@@ -3,7 +3,6 @@ and the slot-hold term of the balanced routing (``routing.balanced``)."""
 
 from __future__ import annotations
 
-import itertools
 from collections import Counter
 from unittest.mock import patch
 
@@ -12,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cluster_strategies import generated_problems
+from cluster_strategies import dealings, generated_problems
 from skippipe.cluster_gen import random_global_cluster, single_site_cluster
 from skippipe.planfile import Microbatch, plan_violations
 from skippipe.planner.allocation import allocate, memory_order, random_allocation
@@ -152,22 +151,12 @@ def test_the_hold_balanced_dealing_lowers_the_largest_hold_per_slot_and_keeps_th
     assert _largest_hold_per_slot(problem, out) <= (1 + HOLD_GAP) * _largest_hold_per_slot(problem, stages) + 1e-9
 
 
-def _dealings(nodes: list[int], sizes: list[int]):
-    if not sizes:
-        yield []
-        return
-    for first in itertools.combinations(nodes, sizes[0]):
-        left = [x for x in nodes if x not in first]
-        for tail in _dealings(left, sizes[1:]):
-            yield [sorted(first), *tail]
-
-
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(generated_problems(stages=(3, 4), max_path=4, extra_nodes=2, max_nodes=9))
 def test_the_hold_balanced_dealing_is_the_best_dealing_by_brute_force(problem):
     stages = allocate(problem, seed=0)
     rest = [x for s in stages[1:] for x in s]
-    best = min((_largest_hold_per_slot(problem, [stages[0], *d]) for d in _dealings(rest, [len(s) for s in stages[1:]])
+    best = min((_largest_hold_per_slot(problem, [stages[0], *d]) for d in dealings(rest, [len(s) for s in stages[1:]])
                 if _caps_carry(problem, [stages[0], *d])), default=None)
     out = hold_balanced_stages(problem, stages)
     if best is None:
