@@ -87,11 +87,10 @@ def slow_link_mask(transfer_s: np.ndarray) -> np.ndarray | None:
 
 @dataclass
 class _Arcs:
-    """The arcs of the flow programme: per arc its data node, tail and head node, the states of
-    the order graph it leaves and enters (``order_graph``) and the depth of the first."""
+    """The arcs of the flow programme: per arc its data node, tail and head node, and the states
+    of the order graph it leaves and enters (``order_graph``; -1: back to the data node)."""
 
     data: np.ndarray
-    layer: np.ndarray  # depth of ``tail_state`` (0: the hop out of the data node)
     tail: np.ndarray
     head: np.ndarray
     commodity: np.ndarray  # index of the data node in stage 0
@@ -172,34 +171,34 @@ class _Shape:
     def arcs_of(self, node: np.ndarray) -> _Arcs:
         """The arcs with the positions replaced by ``node[position]``."""
         a = self.arcs
-        return _Arcs(node[a.data], a.layer, node[a.tail], node[a.head], a.commodity, a.last, a.tail_state,
-                     a.head_state)
+        return _Arcs(node[a.data], node[a.tail], node[a.head], a.commodity, a.last, a.tail_state, a.head_state)
 
 
 @lru_cache(maxsize=8)
 def _shape(n: int, sizes: tuple[int, ...], seqs: tuple[tuple[int, ...], ...], m: int) -> _Shape:
     bounds = np.cumsum((0, *sizes))
     positions = [list(range(int(a), int(b))) for a, b in zip(bounds, bounds[1:])]
-    arcs, rows, cols, lower, upper = _build(n, positions, seqs, [0] * n, m)
+    arcs, rows, cols, lower, upper = _build(n, positions, seqs, m)
     matrix = coo_matrix((cols[1], (rows, cols[0])), shape=(len(lower), len(arcs.tail))).tocsr()
     return _Shape(arcs, matrix, lower, upper)
 
 
 def _build(
-    n: int, stages: list[list[int]], seqs: tuple[tuple[int, ...], ...], caps: list[int], m: int
+    n: int, stages: list[list[int]], seqs: tuple[tuple[int, ...], ...], m: int
 ) -> tuple[_Arcs, np.ndarray, tuple[np.ndarray, np.ndarray], np.ndarray, np.ndarray]:
-    """Arcs and the constraint matrix in coordinates: rows = caps of the non-data nodes, then per
-    data node its total and flow conservation at every (state, node) of its order graph."""
+    """Arcs and the constraint matrix in coordinates: rows = caps of the non-data nodes (their
+    bounds left open), then per data node its total and flow conservation at every (state,
+    node) of its order graph."""
     graph = order_graph(seqs)
     into = graph.entering()
     held = [np.array([], dtype=int)] + [np.concatenate([np.asarray(stages[s], dtype=int) for s in sorted(st)])
                                         for st in into[1:]]
-    cols_of = {k: [] for k in ("data", "layer", "tail", "head", "commodity", "last", "tail_state", "head_state")}
+    cols_of = {k: [] for k in ("data", "tail", "head", "commodity", "last", "tail_state", "head_state")}
     rows: list[np.ndarray] = []
     cols: list[np.ndarray] = []
     signs: list[np.ndarray] = []
     lower: list[float] = [-np.inf] * n
-    upper: list[float] = [float(c) for c in caps]
+    upper: list[float] = [np.inf] * n  # the caps: set per allocation (``min_cost_routing``)
     col = 0
     for di, d in enumerate(stages[0]):
         total_row = len(lower)
@@ -219,8 +218,8 @@ def _build(
             ids = np.arange(col, col + len(tail))
             col += len(tail)
             last = nxt < 0
-            for key, val in (("data", d), ("layer", graph.depth[q]), ("tail", tail), ("head", head),
-                             ("commodity", di), ("last", last), ("tail_state", q), ("head_state", nxt)):
+            for key, val in (("data", d), ("tail", tail), ("head", head), ("commodity", di), ("last", last),
+                             ("tail_state", q), ("head_state", nxt)):
                 cols_of[key].append(np.broadcast_to(val, ids.shape).copy() if np.ndim(val) == 0 else val)
             if q == 0:
                 rows.append(np.full(len(ids), total_row))
