@@ -75,12 +75,14 @@ def fast_stages(
     into: dict[tuple[int, int, int], list[int]] = {}  # (data node, state, node) -> columns in
     out: dict[tuple[int, int, int], list[int]] = {}  # and out
     entering: dict[tuple[int, int], list[int]] = {}  # (node, stage) -> columns that visit it there
+    visiting: dict[int, list[int]] = {}  # node -> columns that visit it
     for j, (d, q, u, stage, nxt, v) in enumerate(cols):
         k = len(stage_var) + j
         out.setdefault((d, q, u), []).append(k)
         if nxt >= 0:
             into.setdefault((d, nxt, v), []).append(k)
             entering.setdefault((v, stage), []).append(k)
+            visiting.setdefault(v, []).append(k)
     for d in data:  # each data node sends its m microbatches
         rows.append(dict.fromkeys(out.get((d, 0, d), []), 1.0))
         bounds.append((m, m))
@@ -88,7 +90,7 @@ def fast_stages(
         rows.append({**dict.fromkeys(into.get(key, []), 1.0), **dict.fromkeys(out.get(key, []), -1.0)})
         bounds.append((0, 0))
     for x in others:  # the caps
-        rows.append(dict.fromkeys((k for (v, _), ks in entering.items() if v == x for k in ks), 1.0))
+        rows.append(dict.fromkeys(visiting.get(x, []), 1.0))
         bounds.append((0, caps[x]))
     for (x, s), ks in entering.items():  # a visit in stage s only to a node of stage s
         rows.append({**dict.fromkeys(ks, 1.0), stage_var[x, s]: -float(caps[x])})

@@ -86,4 +86,4 @@ def order_graph(seqs: tuple[tuple[int, ...], ...]) -> OrderGraph:
                     nxt_layer.append(child)
         layer = nxt_layer
     steps = tuple(sorted((number[q], stage, number[child]) for q in number for stage, child in out_of[q]))
-    return OrderGraph(steps, tuple(depth), number[0] if root != 0 else 0)
+    return OrderGraph(steps, tuple(depth), number[0])  # the state of the empty ending
