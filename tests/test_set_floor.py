@@ -16,7 +16,7 @@ from skippipe.errors import UserError
 from skippipe.planner.floors import _enumerated_trips, free_allocation_floor, set_floors
 from skippipe.planner.methods import make_plan, with_allocation
 from skippipe.planner.problem import build_problem
-from skippipe.planner.set_floor import covered_floor
+from skippipe.planner.set_floor import SetFloor, chain_floors, covered_floor, least_dealings
 from skippipe.workload import Workload
 
 
@@ -70,6 +70,55 @@ def test_covered_floor_is_the_best_dealing_of_the_visits(nodes, visits):
             best = min(best, max(t for t, k in zip(through, dealt) if k))
     got = covered_floor(through, caps, visits)
     assert got == best or (caps.sum() < visits and math.isinf(best))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 6), st.integers(1, 3), st.sampled_from([0.5, 1.0, 2.5, 4.0]), st.sampled_from([0.5, 1.0, 2.0]),
+       st.sampled_from([0.0, 0.1]))
+def test_chain_floors_are_below_every_split_of_the_trips(m, chains, slow, fast, og):
+    # c trips through a dear node (at least slow) and m - c others, every one at least fast
+    k = min(chains, m)
+    got = chain_floors(m, np.array([k]), np.array([slow]), np.array([fast]), og)[0, 0]
+    assert (np.diff(got) >= 0).all()  # least_dealings relies on it
+    slow = max(slow, fast)
+    for c in range(m + 1):
+        best = math.inf  # every split of c slow and m - c fast trips over k chains run back to back
+        for chain_of in itertools.product(range(k), repeat=m):
+            length = [0.0] * k
+            count = [0] * k
+            for i, ch in enumerate(chain_of):
+                length[ch] += slow if i < c else fast
+                count[ch] += 1
+            best = min(best, max(t + max(0, n - 1) * og for t, n in zip(length, count)))
+        assert got[c] <= best + 1e-9
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.sampled_from([0.0, 1.0, 2.0, 3.0, 5.0, math.inf]), min_size=1, max_size=4),
+                min_size=1, max_size=3), st.integers(0, 9))
+def test_least_dealing_is_the_best_dealing(rows, count):
+    width = min(len(r) for r in rows)
+    floors = np.array([np.sort(r[:width]) for r in rows])  # non-decreasing in c
+    best = math.inf  # every dealing of at least count items, row i taking c_i < width
+    for dealt in itertools.product(range(width), repeat=len(rows)):
+        if sum(dealt) >= count:
+            best = min(best, max(floors[i, c] for i, c in enumerate(dealt)))
+    assert least_dealings(floors[None], np.array([count]))[0] == best
+
+
+def test_dear_trips_through_a_node_behind_broken_links_raise_the_floor(monkeypatch):
+    # 8 nodes on the globe, half the links broken, one slot each, every node visited by its
+    # caps (30 visits, 5 per node): one node has a single fast link, so each of its 5 visits is a
+    # trip over a broken link, and two one-slot data nodes run those trips one after another
+    problem = build_problem(random_global_cluster(8, seed=4131, memory=(1, 1), broken=0.5),
+                            Workload(num_stages=7, path_length=4, microbatches_per_data_node=5, max_jump=2,
+                                     max_swaps=1))
+    floor = free_allocation_floor(problem).value
+    plan = make_plan("skippipe", problem, seed=0)
+    assert floor <= plan.predicted_makespan_s + 1e-6
+    monkeypatch.setattr(SetFloor, "dear", lambda self, data: 0.0)
+    without = free_allocation_floor(problem).value
+    assert floor > 2 * without  # 1,997.87 s against 900.07 s (the plan: 3,285.44 s)
 
 
 def test_visits_the_near_nodes_cannot_take_cross_a_broken_link():

@@ -11,7 +11,8 @@ exactly (33.05 s, against a memory floor of 30.41 s).
 counting the TC1 loads. For a set D of data nodes (every set of the stage-0 size is tried),
 ``set_floor.SetFloor`` gives its floor (see its module text): each data node's own floor over
 its fastest round trips, the slow round trip that the TC1 caps force (the cheap nodes cannot
-take every visit), and both again with the round trips kept off D's other data nodes.
+take every visit), how many dear trips they force on the data nodes' slots, and both again with
+the round trips kept off D's other data nodes.
 The floor of the problem is the least over D.
 Where the sets and paths are few (``ROUTED_SETS``, ``routed_floor.MAX_PATHS``), the sets with
 the least floors are raised by routing their visits under the TC1 caps
@@ -227,7 +228,8 @@ def _trip_floors(
 
 def _routed(problem: Problem, sets: SetFloor) -> tuple[float, tuple[int, ...]]:
     """The least floor over the data-node sets, best first: the set with the least floor so far
-    is raised by ``SetFloor.apart`` (round trips off the other data nodes), then by
+    is raised by ``SetFloor.dear`` (the dear trips it must take), then by ``SetFloor.apart``
+    (round trips off the other data nodes), then by
     ``routed_floor.routed_set_floor`` (at most ``ROUTED_SOLVES`` programmes of ``ROUTED_WORK``
     variables in all), and is the answer once it cannot be raised further (every other set's
     floor is at least as high)."""
@@ -238,11 +240,13 @@ def _routed(problem: Problem, sets: SetFloor) -> tuple[float, tuple[int, ...]]:
     solves = min(ROUTED_SOLVES, ROUTED_WORK // path_count(problem))
     while heap:
         val, step, data = heapq.heappop(heap)
-        if step == 0 and sets.set_trips is not None:
-            heapq.heappush(heap, (max(val, sets.apart(data)), -1, data))
-        elif step > -2 and solves > 0:
+        if step == 0:
+            heapq.heappush(heap, (max(val, sets.dear(data)), -1, data))
+        elif step == -1 and sets.set_trips is not None:
+            heapq.heappush(heap, (max(val, sets.apart(data)), -2, data))
+        elif step > -3 and solves > 0:
             solves -= 1
-            heapq.heappush(heap, (max(val, routed_set_floor(problem, data, sets.tf)), -2, data))
+            heapq.heappush(heap, (max(val, routed_set_floor(problem, data, sets.tf)), -3, data))
         else:
             return val, data
     return math.inf, ()

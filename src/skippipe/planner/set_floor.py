@@ -10,6 +10,13 @@ For a set D of data nodes (the nodes of stage 0), ``SetFloor.value`` is the larg
   visit cannot take them all, so one visit lands on that node or a dearer one
   (``covered_floor``; a node the others' caps cannot spare is the case of one node). Where
   broken links split the cluster, the nodes near the data nodes are too few for their visits;
+- counted, not only one: at a cost c, the nodes whose fastest round trip (from any d in D) is
+  cheaper than c cannot take more than their caps, so the rest of the visits land on dearer
+  nodes, each microbatch taking at most one visit per node; those microbatches hold their data
+  node's slots for at least c each, and a data node's slots run its microbatches as at most k
+  chains back to back. The least finish of the best dealing of them over D
+  (``dear_visits_floor``; where a node behind broken links must take several visits, every
+  trip through it crosses a slow link, and few slots make those trips run one after another);
 - with the round trips enumerated (``set_trips``), both again with every round trip kept off
   D's other nodes, which no path visits (stage 0 is visited only at the own data node, CC2).
 
@@ -61,6 +68,60 @@ def covered_floor(through: np.ndarray, caps: np.ndarray, visits: int) -> float:
     return float(through[order[min(k, len(order) - 1)]])
 
 
+def chain_floors(m: int, chains: np.ndarray, slow: np.ndarray, fast: np.ndarray, og: float) -> np.ndarray:
+    """[j, i, c] (c = 0..m): a lower bound on the finish of data node i when it runs c round
+    trips of at least ``slow[j]`` and m - c of at least ``fast[i]`` (every trip at least that) on
+    ``chains[i]`` slot chains (trips back to back, ``og`` after each): some chain holds
+    ceil(c / k) of the slow ones; some holds ceil(m / k) trips; and the chains hold every trip,
+    with at least m - k gaps between. Non-decreasing in c."""
+    c = np.arange(m + 1)[None, None, :]
+    k = np.asarray(chains, dtype=int)[None, :, None]
+    r = np.asarray(fast, dtype=float)[None, :, None]
+    t = np.maximum(np.asarray(slow, dtype=float)[:, None, None], r)
+    a = -(-c // k)
+    q = -(-m // k)
+    one = np.where(a > 0, a * t + (a - 1) * og, 0.0)
+    spread = (c * t + (m - c) * r + (m - k) * og) / k
+    return np.maximum(np.maximum(one, q * r + (q - 1) * og), spread)
+
+
+def least_dealings(floors: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Per j: the least T such that ``counts[j]`` items dealt over the rows of ``floors[j]``
+    (row i taking c items finishes no sooner than ``floors[j, i, c]``, non-decreasing in c)
+    leave every row's finish at most T, the best dealing's latest finish (inf when none)."""
+    values = floors.reshape(len(floors), -1)  # every finish is a candidate T
+    takes = (floors[:, :, :, None] <= values[:, None, None, :]).sum(axis=2) - 1  # [j, i, T]: most row i takes
+    ok = (takes >= 0).all(axis=1) & (takes.sum(axis=1) >= counts[:, None])
+    return np.where(ok, values, np.inf).min(axis=1)
+
+
+def dear_visits_floor(ra: np.ndarray, r0: np.ndarray, chains: np.ndarray, caps: np.ndarray, visits: int,
+                      m: int, path_visits: int, og: float) -> float:
+    """The floor of a data-node set from how many of its microbatches must take dear trips.
+
+    ``ra[d, x]``: the fastest round trip of data node d (row) through node x (column, the nodes
+    outside the set, with TC1 caps ``caps``); ``r0[d]``: its fastest round trip; ``chains[d]``
+    its slot chains; ``visits`` the visits to deal, at most ``path_visits`` per microbatch and
+    one per node. At each cost c (a column's least trip), the columns cheaper than c take at
+    most their caps, so the rest land on dearer columns, made by at least that many / the visits
+    a microbatch can make there microbatches whose trips take at least c; their best dealing
+    over the data nodes (``least_dealings`` of ``chain_floors``) bounds the finish. The largest
+    over the costs where some data node must take two or more (with one each, ``covered_floor``
+    and ``slow_one`` count it)."""
+    if visits <= 0 or path_visits <= 0 or not ra.size:
+        return 0.0
+    through = ra.min(axis=0)
+    order = np.argsort(through, kind="stable")
+    cost = through[order]
+    first = np.r_[True, cost[1:] != cost[:-1]]  # of equal costs the first counts the most visits
+    dear_visits = visits - np.concatenate([[0], np.cumsum(caps[order])[:-1]])
+    counts = -(-dear_visits // np.minimum(path_visits, len(order) - np.arange(len(order))))
+    use = first & (dear_visits > 0) & np.isfinite(cost) & (counts > len(r0))
+    if not use.any():
+        return 0.0
+    return float(least_dealings(chain_floors(m, chains, cost[use], r0, og), counts[use]).max())
+
+
 class SetFloor:
     """The floor of each data-node set of a problem (see the module text)."""
 
@@ -68,6 +129,8 @@ class SetFloor:
                  set_trips: SetTrips | None) -> None:
         self.problem = problem
         self.tf = tf
+        self.r0 = r0
+        self.ra = ra
         self.set_trips = set_trips
         cm, w = problem.cost_model, problem.workload
         self.f = np.asarray(problem.forward_s, dtype=float)
@@ -87,6 +150,8 @@ class SetFloor:
     def value(self, data: tuple[int, ...], cutoff: float = math.inf) -> float:
         """The floor of the set ``data`` (stops early at ``cutoff``)."""
         val = self.spread(data, cutoff)
+        if val < cutoff:
+            val = max(val, self.dear(data))
         return max(val, self.apart(data, cutoff)) if self.set_trips is not None and val < cutoff else val
 
     def must_visit(self, data: tuple[int, ...]) -> np.ndarray:
@@ -111,6 +176,15 @@ class SetFloor:
         others, caps = self._others_and_caps(data)
         through = self.slow[np.ix_(idx, others)].min(axis=0)
         return max(val, covered_floor(through, caps, self.visits))
+
+    def dear(self, data: tuple[int, ...]) -> float:
+        """The floor of the set from the dear trips its microbatches must take
+        (``dear_visits_floor``)."""
+        idx = list(data)
+        others, caps = self._others_and_caps(data)
+        chains = np.array([self._chains(d) for d in idx])
+        return dear_visits_floor(self.ra[np.ix_(idx, others)], self.r0[idx], chains, caps, self.visits, self.m,
+                                 self.problem.workload.path_length - 1, self.problem.cost_model.op_gap_s)
 
     def apart(self, data: tuple[int, ...], cutoff: float = math.inf) -> float:
         """The floor of the set with round trips kept off its other data nodes (solved
