@@ -103,11 +103,12 @@ def dear_visits_floor(ra: np.ndarray, r0: np.ndarray, chains: np.ndarray, caps: 
     outside the set, with TC1 caps ``caps``); ``r0[d]``: its fastest round trip; ``chains[d]``
     its slot chains; ``visits`` the visits to deal, at most ``path_visits`` per microbatch and
     one per node. At each cost c (a column's least trip), the columns cheaper than c take at
-    most their caps, so the rest land on dearer columns, made by at least that many / the visits
-    a microbatch can make there microbatches whose trips take at least c; their best dealing
-    over the data nodes (``least_dealings`` of ``chain_floors``) bounds the finish. The largest
-    over the costs where some data node must take two or more (with one each, ``covered_floor``
-    and ``slow_one`` count it)."""
+    most their caps, so the rest of the visits land on dearer columns. A microbatch makes at
+    most min(path_visits, dearer columns) of them, so at least visits left / that many
+    microbatches take trips of at least c; their best dealing over the data nodes
+    (``least_dealings`` of ``chain_floors``) bounds the finish. The largest over the costs where
+    some data node must take two or more (with one each, ``covered_floor`` and ``slow_one``
+    count it)."""
     if visits <= 0 or path_visits <= 0 or not ra.size:
         return 0.0
     through = ra.min(axis=0)
