@@ -16,6 +16,7 @@ from skippipe.planner.routing.data_nodes import MAX_NODES as DATA_NODES_MAX_NODE
 from skippipe.planner.routing.data_nodes import ROUTING_CHARGE, data_node_search
 from skippipe.planner.routing.evaluate import Evaluator, Route, Score
 from skippipe.planner.routing.fast_allocation import fast_allocation
+from skippipe.planner.routing.fast_packing import packed_allocation
 from skippipe.planner.routing.search import SearchLimits
 from skippipe.planner.routing.sequences import RouteCosts, stage_sequences
 from skippipe.planner.routing.slow_links import (
@@ -71,6 +72,7 @@ TIMETABLE_NOISE = 0.1
 # and the groups of the joint allocation
 PRIVATE_CHAINS = "private-chains"
 GROUPS = "groups"
+PACKED = "packed fast links"
 # a candidate within this factor of the best start (first come, first served) is promising:
 # it takes a share of the path search (and, a chain candidate, is kept with its orders)
 PROMISING = 1.10
@@ -132,6 +134,23 @@ def remembered_dealings(problem: Problem) -> Callable[[list[list[int]]], dict[st
         return dict(known[key])
 
     return dealings
+
+
+def packed_candidate(problem: Problem, stages: list[list[int]]) -> tuple[Candidate, Evaluator] | None:
+    """Where some links only trickle and the cluster fixes no allocation: the allocation that
+    ``fast_packing.packed_allocation`` finds from ``stages``, with its packed paths over fast
+    links (each data node's longest round trips first), scored; None where it finds none."""
+    slow = slow_link_mask(problem.transfer_s)
+    if slow is None or problem.fixed_stages is not None:
+        return None
+    found = packed_allocation(problem, stages, stage_orders(problem, stages), slow)
+    if found is None:
+        return None
+    packed, paths = found
+    rc = RouteCosts.from_problem(problem)
+    routes = [(d, p) for d in packed[0] for p in sorted(paths[d], key=lambda p: -rc.round_trip(d, p))]
+    ev = Evaluator(problem, packed)
+    return Candidate(PACKED, packed, routes, ev.score(routes)), ev
 
 
 def memory_candidates(

@@ -32,7 +32,12 @@ adds candidates built for the timeline:
 6. slow links (only when the best start so far crosses a link that only trickles,
    ``routing.slow_links``): an allocation searched so that the TC1 caps can be kept over fast
    links alone, with the cheapest integer routing on it;
-7. timetable (up to 100 nodes, ``routing.timetable``): on the allocations of the best
+7. packed fast links (only where some links only trickle, the cluster fixes no allocation and
+   for the user's seed's start, ``routing.fast_packing``; after 6, which it leaves as it was):
+   from the allocation, an allocation searched by how well every microbatch's path packs over
+   fast links (greedy, within the TC1 caps, a count of routings as its budget), with those
+   paths;
+8. timetable (up to 100 nodes, ``routing.timetable``): on the allocations of the best
    candidates, every operation reserved on its node's timeline as the paths are chosen, so the
    paths come with processing orders that the simulator follows (unpaced and paced; up to 32
    nodes on two allocations and three more runs with a perturbed path choice, above that on
@@ -40,12 +45,12 @@ adds candidates built for the timeline:
    budget). Its paths are not searched apart from its orders; when it leads after the first
    search phase its orders get a share of the rest of the budget (``TIMED_ORDERS``) before
    the second phase of the others;
-8. chains kept with their orders (``routing.ordered``): the private-chain and group
+9. chains kept with their orders (``routing.ordered``): the private-chain and group
    candidates, where no two data nodes share a node, with their processing orders searched
    before the path search can trade the chains for paths that look better first come, first
    served and end worse once ordered; their paths are not searched.
 Under the default budget (no budget or time limit given, the allocation not fixed) candidates
-1-8 are also built on the allocations of the next seeds, as many as the planning-time estimate
+1-9 are also built on the allocations of the next seeds, as many as the planning-time estimate
 leaves room for (``budget.allocation_starts``: up to four on small clusters with light
 workloads, one from 30 nodes), and the search goes on from the seed whose quickest candidate is
 quickest (the user's seed on a tie). The safety net and the fallbacks keep the user's seed.
@@ -81,6 +86,7 @@ from skippipe.planner.routing.candidates import (
     by_name,
     data_node_candidate,
     memory_candidates,
+    packed_candidate,
     remembered_dealings,
     slow_link_candidate,
     stage_orders,
@@ -163,7 +169,8 @@ def plan_skippipe(
 
     ``thorough=False`` makes the start quicker (for the groups of a large cluster): up to 32
     nodes one timetable allocation without restarts and the data-node exchanges of larger
-    clusters (a third less planning on a 300-node cluster), from 50 nodes the paced timetable only.
+    clusters (a third less planning on a 300-node cluster), from 50 nodes the paced timetable
+    only, and no packed allocation (candidate 7).
 
     ``fallbacks(stages)``, given the allocation of ``seed``, returns simulated
     plans of other methods (a safety net): one that is quicker is returned instead, relabelled
@@ -176,7 +183,7 @@ def plan_skippipe(
     start = first
     # under the default budget, the next allocation seeds' starts too where they fit (the search goes on from the quickest)
     for k in range(1, allocation_starts(problem, budget, first.slow_link_s) if default else 1):
-        other = _start(problem, seed + k, budget, None, None, thorough)
+        other = _start(problem, seed + k, budget, None, None, thorough, packing=False)
         if other.quickest < start.quickest - 1e-9:
             start = other
     cands, evaluators, limits = start.cands, start.evaluators, start.limits
@@ -246,9 +253,11 @@ class _Start:
 
 
 def _start(
-    problem: Problem, seed: int, budget: int, deadline: float | None, time_limit_s: float | None, thorough: bool = True
+    problem: Problem, seed: int, budget: int, deadline: float | None, time_limit_s: float | None, thorough: bool = True,
+    packing: bool = True,
 ) -> _Start:
-    """Candidates 1-8 of the module text on the allocation of ``seed`` (and its joint allocation)."""
+    """Candidates 1-9 of the module text on the allocation of ``seed`` (and its joint allocation);
+    ``packing``: candidate 7 too (only the user's seed's start builds it)."""
     limits = SearchLimits(budget=budget, deadline=deadline)
     m = problem.workload.microbatches_per_data_node
     stages = _allocation(problem, seed, None if deadline is None else 0.25 * float(time_limit_s))
@@ -285,6 +294,10 @@ def _start(
     if slow is not None:
         evaluators[id(slow[0].stages)] = slow[1]
         cands.append(slow[0])
+    packed = packed_candidate(problem, stages) if thorough and packing else None
+    if packed is not None:
+        evaluators[id(packed[0].stages)] = packed[1]
+        cands.append(packed[0])
     cands += timetable_candidates(problem, cands, seed, evaluators, limits, thorough)
     lead = _searchable(cands)[0].score.makespan
     cands += ordered_chains(cands, lambda c, lim: _search(problem, c, evaluators[id(c.stages)], seed, lim), lead,
