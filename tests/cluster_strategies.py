@@ -13,7 +13,7 @@ from skippipe.cluster import cluster_from_dict
 from skippipe.cluster_gen import random_global_cluster, single_site_cluster
 from skippipe.errors import UserError
 from skippipe.planner.methods import make_plan, with_allocation
-from skippipe.planner.problem import build_problem
+from skippipe.planner.problem import Problem, build_problem
 from skippipe.workload import Workload, least_max_jump
 
 
@@ -91,3 +91,13 @@ def islands_the_caps_cannot_carry():
     cluster = cluster_from_dict({"transfer_s": transfer.tolist(), "forward_s": [0.1, 1.0, 10.0] + [1.0] * 7})
     return build_problem(cluster, Workload(num_stages=3, path_length=3, microbatches_per_data_node=2, max_swaps=0,
                                            n_layers=3))
+
+
+def half_broken_problem(n: int, seed: int, stages: int, length: int, m: int, swaps: int, jump: int,
+                        memory: int = 1) -> Problem:
+    """A random global cluster of ``n`` nodes, one site each, speeds 0.5-2x, 1..``memory``
+    slots, half its links broken (they only trickle), with this workload."""
+    cluster = random_global_cluster(n, seed=seed, speed=(0.5, 2.0), memory=(1, memory), broken=0.5)
+    workload = Workload(num_stages=stages, path_length=length, microbatches_per_data_node=m, n_layers=3 * stages,
+                        max_jump=jump, max_swaps=swaps)
+    return build_problem(cluster, workload)

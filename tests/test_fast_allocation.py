@@ -8,28 +8,19 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cluster_strategies import dealings
-from skippipe.cluster_gen import random_global_cluster
+from cluster_strategies import dealings, half_broken_problem
 from skippipe.planner import methods
-from skippipe.planner.problem import Problem, build_problem
+from skippipe.planner.problem import Problem
 from skippipe.planner.routing.candidates import stage_orders
 from skippipe.planner.routing.fast_allocation import fast_allocation, fast_stages
 from skippipe.planner.routing.slow_links import min_cost_routing, slow_link_mask, uses_slow_link
-from skippipe.workload import Workload
-
-
-def _problem(n: int, seed: int, stages: int, length: int, m: int, swaps: int, jump: int, memory: int = 1) -> Problem:
-    cluster = random_global_cluster(n, seed=seed, speed=(0.5, 2.0), memory=(1, memory), broken=0.5)
-    workload = Workload(num_stages=stages, path_length=length, microbatches_per_data_node=m, n_layers=3 * stages,
-                        max_jump=jump, max_swaps=swaps)
-    return build_problem(cluster, workload)
 
 
 @settings(max_examples=20, deadline=None)
 @given(seed=st.integers(0, 10_000), n=st.integers(6, 7), stages=st.integers(3, 4), length=st.integers(2, 4),
        m=st.integers(1, 3), swaps=st.integers(0, 1))
 def test_a_set_is_feasible_exactly_when_some_allocation_with_it_routes_over_fast_links(seed, n, stages, length, m, swaps):
-    problem = _problem(n, seed, stages, min(length, stages), m, swaps, jump=stages)
+    problem = half_broken_problem(n, seed, stages, min(length, stages), m, swaps, jump=stages)
     slow = slow_link_mask(problem.transfer_s)
     if slow is None:
         return
@@ -53,7 +44,7 @@ def test_a_set_is_feasible_exactly_when_some_allocation_with_it_routes_over_fast
 def _stuck() -> Problem:
     # sweep case 4074: 11 nodes, one site each, half the links broken, one slot, S = L = 5, no
     # swap; the exchanges of two nodes' stages stopped with five microbatches on slow links
-    return _problem(11, seed=4074, stages=5, length=5, m=6, swaps=0, jump=5)
+    return half_broken_problem(11, seed=4074, stages=5, length=5, m=6, swaps=0, jump=5)
 
 
 def test_the_search_by_data_node_set_finds_fast_stages_the_exchanges_missed():

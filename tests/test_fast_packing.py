@@ -2,39 +2,26 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from skippipe.cluster_gen import random_global_cluster
+from bench_scripts import load_benchmark
+from cluster_strategies import half_broken_problem
 from skippipe.planfile import Microbatch, plan_violations
 from skippipe.planner import methods
 from skippipe.planner.allocation import allocate
-from skippipe.planner.problem import Problem, build_problem
+from skippipe.planner.problem import build_problem
 from skippipe.planner.routing.candidates import stage_orders
 from skippipe.planner.routing.fast_packing import Packer, packed_allocation
 from skippipe.planner.routing.slow_links import slow_link_mask, uses_slow_link
-from skippipe.workload import Workload
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from scheduler_sweep import case  # noqa: E402
-
-
-def _problem(n: int, seed: int, stages: int, length: int, m: int, swaps: int) -> Problem:
-    cluster = random_global_cluster(n, seed=seed, speed=(0.5, 2.0), memory=(1, 2), broken=0.5)
-    workload = Workload(num_stages=stages, path_length=length, microbatches_per_data_node=m, n_layers=3 * stages,
-                        max_jump=stages, max_swaps=swaps)
-    return build_problem(cluster, workload)
 
 
 @settings(max_examples=25, deadline=None)
 @given(seed=st.integers(0, 10_000), n=st.integers(7, 11), stages=st.integers(3, 5), length=st.integers(2, 5),
        m=st.integers(1, 3), swaps=st.integers(0, 1))
 def test_a_packed_allocation_is_valid_and_keeps_to_fast_links(seed, n, stages, length, m, swaps):
-    problem = _problem(n, seed, stages, min(length, stages), m, swaps)
+    problem = half_broken_problem(n, seed, stages, min(length, stages), m, swaps, jump=stages, memory=2)
     slow = slow_link_mask(problem.transfer_s)
     if slow is None:
         return
@@ -55,7 +42,7 @@ def test_a_packed_allocation_is_valid_and_keeps_to_fast_links(seed, n, stages, l
 
 
 def test_the_score_counts_the_microbatches_left_without_a_fast_path():
-    problem = _problem(8, seed=3, stages=3, length=3, m=2, swaps=0)
+    problem = half_broken_problem(8, seed=3, stages=3, length=3, m=2, swaps=0, jump=3, memory=2)
     stages = [list(map(int, s)) for s in allocate(problem, seed=0)]
     seqs = stage_orders(problem, stages)
     everywhere = ~np.eye(problem.n, dtype=bool)
@@ -70,7 +57,7 @@ def test_the_score_counts_the_microbatches_left_without_a_fast_path():
 def test_skippipe_plans_sweep_case_4150_on_a_packed_allocation():
     # 38 nodes in sites, some links broken, S = 8, L = 7: the first allocation's routings cross
     # slow links and the data-node exchanges stopped at 44.05 s (a floor of 42.71 s)
-    _, cluster, workload = case(4150)
+    _, cluster, workload = load_benchmark("scheduler_sweep").case(4150)
     problem = build_problem(cluster, workload)
     plan = methods.make_plan("skippipe", problem, seed=0)
     assert "packed fast links" in plan.meta["candidate"]

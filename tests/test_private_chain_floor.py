@@ -2,28 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
-from pathlib import Path
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from bench_scripts import load_benchmark
 from skippipe.cluster_gen import random_global_cluster
 from skippipe.planfile import Microbatch
 from skippipe.planner.problem import Problem, build_problem
 from skippipe.sim import simulate
 from skippipe.workload import Workload
-
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "private_chain_floor.py"
-
-
-def _module():
-    spec = importlib.util.spec_from_file_location("private_chain_floor_bench", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _problem(seed: int, m: int, memory: int) -> Problem:
@@ -47,7 +36,7 @@ def _splits(n: int):
 @settings(max_examples=12, deadline=None)
 @given(seed=st.integers(0, 5_000), m=st.integers(1, 4), memory=st.integers(1, 3))
 def test_the_floor_is_the_best_split_and_no_private_plan_beats_it(seed, m, memory):
-    bench = _module()
+    bench = load_benchmark("private_chain_floor")
     problem = _problem(seed, m, memory)
     assert list(problem.stage_sizes) == [2, 2, 2]
     floors = bench.group_floors(problem)

@@ -2,22 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "scheduler_suite.py"
-
-
-def _suite_module():
-    spec = importlib.util.spec_from_file_location("scheduler_suite_bench", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from bench_scripts import load_benchmark
 
 
 def test_merge_keeps_other_rows_and_the_methods_not_run() -> None:
-    merged = _suite_module().merged
+    merged = load_benchmark("scheduler_suite").merged
     row = {"kind": "k", "S": 4, "L": 3}
     old = [{**row, "N": 12, "naive": 70.0, "skippipe": 60.0}, {**row, "N": 100, "naive": 90.0, "skippipe": 80.0}]
     new = [{**row, "N": 100, "skippipe": 75.0}, {**row, "N": 1000, "skippipe": 99.0}]
