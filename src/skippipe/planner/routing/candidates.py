@@ -136,14 +136,15 @@ def remembered_dealings(problem: Problem) -> Callable[[list[list[int]]], dict[st
     return dealings
 
 
-def packed_candidate(problem: Problem, stages: list[list[int]]) -> tuple[Candidate, Evaluator] | None:
+def packed_candidate(problem: Problem, stages: list[list[int]], seed: int) -> tuple[Candidate, Evaluator] | None:
     """Where some links only trickle and the cluster fixes no allocation: the allocation that
-    ``fast_packing.packed_allocation`` finds from ``stages``, with its packed paths over fast
-    links (each data node's longest round trips first), scored; None where it finds none."""
+    ``fast_packing.packed_allocation`` finds from ``stages`` (its exchanges in the order of
+    ``seed``), with its packed paths over fast links (each data node's longest round trips
+    first), scored; None where it finds none."""
     slow = slow_link_mask(problem.transfer_s)
     if slow is None or problem.fixed_stages is not None:
         return None
-    found = packed_allocation(problem, stages, stage_orders(problem, stages), slow)
+    found = packed_allocation(problem, stages, stage_orders(problem, stages), slow, seed=seed)
     if found is None:
         return None
     packed, paths = found

@@ -50,7 +50,7 @@ adds candidates built for the timeline:
    before the path search can trade the chains for paths that look better first come, first
    served and end worse once ordered; their paths are not searched.
 Under the default budget (no budget or time limit given, the allocation not fixed) candidates
-1-9 are also built on the allocations of the next seeds, as many as the planning-time estimate
+1-9 (but 7) are also built on the allocations of the next seeds, as many as the planning-time estimate
 leaves room for (``budget.allocation_starts``: up to four on small clusters with light
 workloads, one from 30 nodes), and the search goes on from the seed whose quickest candidate is
 quickest (the user's seed on a tie). The safety net and the fallbacks keep the user's seed.
@@ -294,7 +294,7 @@ def _start(
     if slow is not None:
         evaluators[id(slow[0].stages)] = slow[1]
         cands.append(slow[0])
-    packed = packed_candidate(problem, stages) if thorough and packing else None
+    packed = packed_candidate(problem, stages, seed) if thorough and packing else None
     if packed is not None:
         evaluators[id(packed[0].stages)] = packed[1]
         cands.append(packed[0])
