@@ -27,8 +27,10 @@ import random
 import numpy as np
 
 from skippipe.planner.problem import Problem
+from skippipe.planner.routing.exchange import slot_estimate
 from skippipe.planner.routing.order_graph import order_graph
 from skippipe.planner.routing.sequences import RouteCosts
+from skippipe.planner.routing.slow_links import exchanged_stages
 
 # microbatch routings one search may spend (sweep case 4150, 10 microbatches: 2,000 allocations, 1.1 s)
 PACK_WORK = 20_000
@@ -72,10 +74,7 @@ class Packer:
 
     def _chain(self, d: int, paths: list[tuple[int, ...]]) -> float:
         """The longest of d's slots when its round trips are dealt to them longest first."""
-        slots = [0.0] * max(1, min(int(self.problem.memory[d]), self.m))
-        for trip in sorted((self.costs.round_trip(d, p) for p in paths), reverse=True):
-            slots[slots.index(min(slots))] += trip
-        return max(slots)
+        return slot_estimate([self.costs.round_trip(d, p) for p in paths], int(self.problem.memory[d]), 0.0)
 
     def _path(self, stages: list[list[int]], left: list[int], d: int) -> tuple[int, ...] | None:
         fast, dead, path = self.fast, set(), []
@@ -99,14 +98,6 @@ class Packer:
         return tuple(path) if walk(0, d) else None
 
 
-def _exchanged(stages: list[list[int]], a: int, b: int) -> list[list[int]]:
-    where = {x: k for k, s in enumerate(stages) for x in s}
-    out = [list(s) for s in stages]
-    out[where[a]][out[where[a]].index(a)] = b
-    out[where[b]][out[where[b]].index(b)] = a
-    return out
-
-
 def packed_allocation(
     problem: Problem, stages: list[list[int]], seqs: tuple[tuple[int, ...], ...], slow: np.ndarray, seed: int = 0,
     work: int = PACK_WORK,
@@ -128,7 +119,7 @@ def packed_allocation(
         for a, b in pairs:
             if packer.routings >= work:
                 break
-            cand = _exchanged(current, a, b)
+            cand = exchanged_stages(current, a, b, where)
             v, p = packer.score(cand)
             if v < value:
                 current, value, paths = cand, v, p
@@ -137,8 +128,9 @@ def packed_allocation(
             current = [list(s) for s in best]
             for _ in range(KICK_EXCHANGES):
                 a, b = rng.sample(range(n), 2)
-                if not any(a in s and b in s for s in current):
-                    current = _exchanged(current, a, b)
+                where = {x: k for k, s in enumerate(current) for x in s}
+                if where[a] != where[b]:
+                    current = exchanged_stages(current, a, b, where)
             value, paths = packer.score(current)
         if value < best_value:
             best, best_value, best_paths = current, value, paths

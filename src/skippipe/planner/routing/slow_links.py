@@ -280,6 +280,14 @@ def programme_s(stages: list[list[int]], seqs: tuple[tuple[int, ...], ...]) -> f
     return RELAX_BASE_S + RELAX_CELL_S * arcs * rows
 
 
+def exchanged_stages(stages: list[list[int]], a: int, b: int, where: dict[int, int]) -> list[list[int]]:
+    """``stages`` with nodes ``a`` and ``b`` in each other's places (``where``: node -> its stage)."""
+    out = [list(s) for s in stages]
+    out[where[a]][out[where[a]].index(a)] = b
+    out[where[b]][out[where[b]].index(b)] = a
+    return out
+
+
 def slow_link_allocation(
     problem: Problem, stages: list[list[int]], seqs: tuple[tuple[int, ...], ...], slow: np.ndarray,
     work: SwapWork | None = None,
@@ -311,9 +319,7 @@ def slow_link_allocation(
         for a, b in moves:
             if evaluations >= most:
                 break
-            cand = [list(s) for s in best]
-            cand[where[a]][cand[where[a]].index(a)] = b
-            cand[where[b]][cand[where[b]].index(b)] = a
+            cand = exchanged_stages(best, a, b, where)
             v, e = relaxed(cand)
             evaluations += 1
             if v < value - 1e-9:
