@@ -56,6 +56,7 @@ from skippipe.planner.relaxed_floors import capacity_floor, relaxed_lags, relaxe
 from skippipe.planner.routed_floor import MAX_PATHS, path_count, routed_set_floor
 from skippipe.planner.set_floor import SetFloor, closed_floor, solved_floor
 from skippipe.planner.set_trips import SetTrips
+from skippipe.planner.slot_energy_floor import slot_energy_floor
 from skippipe.planner.slot_time_floor import slot_time_floor
 from skippipe.workload import workload_from_dict
 
@@ -84,6 +85,7 @@ class FreeFloor:
     solved_trips: bool = False  # not enumerated, but the fastest ones solved exactly (``cycle_trips``)
     slot_time_s: float = 0.0  # the slot-time floor (``slot_time_floor``, already counted in value)
     neighbour_s: float = 0.0  # the neighbour floor (``neighbour_floor``, already counted in value)
+    slot_energy_s: float = 0.0  # the slot-energy floor (``slot_energy_floor``, already counted in value)
 
 
 def _round_trips(problem: Problem) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -170,9 +172,9 @@ def free_allocation_floor(problem: Problem, max_sets: int = 200_000, max_tuples:
         _set_free(problem, tf, out, back)
         order = np.argsort(tf, kind="stable")
         cap = capacity_floor(problem, tf)
-        value, slot_time, neighbour = _programme_floors(problem, tf, max(cap, float(tf[order[D - 1]])))
+        value, slot_time, neighbour, energy = _programme_floors(problem, tf, max(cap, float(tf[order[D - 1]])))
         return FreeFloor(value, tuple(int(x) for x in order[:D]), False, exact, cap, solved_trips=solved,
-                         slot_time_s=slot_time, neighbour_s=neighbour)
+                         slot_time_s=slot_time, neighbour_s=neighbour, slot_energy_s=energy)
     sets = set_floors(problem, exact)
     cap = capacity_floor(problem, sets.tf)
     if 0 < path_count(problem) <= MAX_PATHS and math.comb(n, D) <= ROUTED_SETS:
@@ -187,17 +189,18 @@ def free_allocation_floor(problem: Problem, max_sets: int = 200_000, max_tuples:
                 best = (val, data)
             if best[0] <= cap:
                 break  # the capacity floor decides
-    value, slot_time, neighbour = _programme_floors(problem, sets.tf, max(cap, best[0]))
+    value, slot_time, neighbour, energy = _programme_floors(problem, sets.tf, max(cap, best[0]))
     return FreeFloor(value, tuple(int(x) for x in best[1]), True, exact, cap, solved_trips=solved,
-                     slot_time_s=slot_time, neighbour_s=neighbour)
+                     slot_time_s=slot_time, neighbour_s=neighbour, slot_energy_s=energy)
 
 
-def _programme_floors(problem: Problem, tf: np.ndarray, value: float) -> tuple[float, float, float]:
-    """(the floor, the slot-time floor, the neighbour floor): ``value`` raised by the two linear
-    programmes, each solved at the value so far."""
+def _programme_floors(problem: Problem, tf: np.ndarray, value: float) -> tuple[float, float, float, float]:
+    """(the floor, the slot-time floor, the neighbour floor, the slot-energy floor): ``value``
+    raised by the two linear programmes and the slot-energy floor, each at the value so far."""
     slot_time = slot_time_floor(problem, tf, value)
     neighbour = neighbour_floor(problem, tf, max(value, slot_time))
-    return max(value, slot_time, neighbour), slot_time, neighbour
+    energy = slot_energy_floor(problem, tf, max(value, slot_time, neighbour))
+    return max(value, slot_time, neighbour, energy), slot_time, neighbour, energy
 
 
 def set_floors(problem: Problem, exact: bool = True) -> SetFloor:
