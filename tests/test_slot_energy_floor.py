@@ -7,13 +7,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import skippipe.planner.floors as floors
+import skippipe.planner.slot_energy_floor as slot_energy
 from cluster_strategies import generated_problems, makespan_on, plan_makespans, random_allocation
 from skippipe.cluster_gen import single_site_cluster
 from skippipe.errors import UserError
 from skippipe.planner.floors import free_allocation_floor, set_floors
 from skippipe.planner.methods import make_plan, with_allocation
 from skippipe.planner.problem import build_problem
-from skippipe.planner.slot_energy_floor import _terms, _windows, slot_energy_floor, spans_held
+from skippipe.planner.slot_energy_floor import _terms, _windows, position_hosts, position_sets, slot_energy_floor, spans_held
 from skippipe.sim import simulate
 from skippipe.workload import Workload
 
@@ -36,6 +37,21 @@ def test_few_slots_raise_the_floor_and_every_plan_stays_above(monkeypatch):
     made = plan_makespans(problem, ("naive", "random", "skippipe-no-tc2"), draws=12)
     assert len(made) > 10
     assert floor.value <= min(made) + 1e-6  # skippipe: 20.96 s
+
+
+def test_a_stage_smaller_than_the_microbatches_out_raises_the_floor(monkeypatch):
+    # 14 nodes of one site, one slot each, every path through every stage in order (L = S = 4,
+    # max_jump 1): the 4 data nodes' microbatches are out at once, but stage 2 has 3 nodes
+    problem = build_problem(single_site_cluster(14, seed=3, memory=(1, 1)),
+                            Workload(num_stages=4, path_length=4, microbatches_per_data_node=1, n_layers=12,
+                                     max_swaps=1, max_jump=1))
+    assert problem.stage_sizes == [4, 4, 3, 3]
+    floor = free_allocation_floor(problem).value
+    monkeypatch.setattr(slot_energy, "position_sets", lambda p, held: [])
+    without = free_allocation_floor(problem).value
+    assert floor > 1.15 * without  # 20.83 -> 24.86 s
+    made = plan_makespans(problem, ("naive", "random", "skippipe-no-tc2"), draws=8)
+    assert floor <= min(made) + 1e-6  # skippipe: 24.99 s
 
 
 def test_plenty_of_slots_leave_the_floor():
@@ -63,8 +79,9 @@ def _spans(plan, result):
        st.sampled_from(["naive", "random", "skippipe-no-tc2"]), st.integers(0, 10_000))
 def test_simulated_spans_keep_to_their_windows_and_to_the_slots(problem, method, seed):
     """What the floor is made of, checked on simulated plans: every visit's span (forward start
-    to backward end) lies in its window, lasts at least its least span, and the spans on a
-    node overlap at most its memory and its largest TC1 cap (``spans_held``) at a time."""
+    to backward end) lies in its window, lasts at least its least span, is in a stage its position can take, and the
+    spans on a node overlap at most its memory and its largest TC1 cap (``spans_held``) at a
+    time, and those of a run of positions at most what the stages hosting them can hold."""
     stages = random_allocation(problem, np.random.default_rng(seed))
     try:
         plan = make_plan(method, with_allocation(problem, stages), seed=0)
@@ -75,7 +92,10 @@ def test_simulated_spans_keep_to_their_windows_and_to_the_slots(problem, method,
         return
     T, terms, eps, held = result.makespan_s, _terms(problem), 1e-6, spans_held(problem)
     spans = _spans(plan, result)
+    hosts = position_hosts(problem)
+    stage_of = {x: s for s, nodes in enumerate(plan.stages) for x in nodes}
     by_node: dict[int, list[tuple[float, float]]] = {}
+    by_position: dict[int, list[tuple[float, float]]] = {}
     for d in {s[0] for s in spans}:
         mine = [s for s in spans if s[0] == d]
         inject = sorted(range(len(mine)), key=lambda q: mine[q][1])
@@ -89,10 +109,18 @@ def test_simulated_spans_keep_to_their_windows_and_to_the_slots(problem, method,
                 assert finish <= end[i, p] + eps
                 assert finish - begin >= span[p] - eps
                 by_node.setdefault(path[p], []).append((begin, finish))
+                by_position.setdefault(p, []).append((begin, finish))
+                assert stage_of[path[p]] in hosts[p]
     for node, spans in by_node.items():
-        events = sorted([(b, 1) for b, _ in spans] + [(f, -1) for _, f in spans], key=lambda e: (e[0], e[1]))
-        depth = np.cumsum([e[1] for e in events])
-        assert depth.max() <= min(problem.memory[node], held[node])
+        assert _most_at_once(spans) <= min(problem.memory[node], held[node])
+    for positions, most in position_sets(problem, held):
+        assert _most_at_once([span for p in positions for span in by_position.get(p, [])]) <= most + 1e-9
+
+
+def _most_at_once(spans: list[tuple[float, float]]) -> int:
+    """The most spans (start, end) open at one time (an end before a start at the same time)."""
+    events = sorted([(b, 1) for b, _ in spans] + [(f, -1) for _, f in spans])
+    return int(np.cumsum([e[1] for e in events]).max()) if events else 0
 
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -40,6 +40,14 @@ allocation's choice: per stretch, the D nodes whose covered time plus spans held
 which some stretch (between two points of the windows' ends and an even grid over [0, T]) is
 over-full has no plan: the least T without one (bisection) is the floor.
 
+*Stages.* A visit at path position p is in one of the stages some allowed stage order puts
+there (``position_hosts``; with L = S and no room to swap, exactly stage p). So the spans of a
+run of positions must also fit in what the nodes of those stages can hold: a stage of s nodes
+at most the s largest ``spans_held`` of the cluster (``position_sets``). With every path
+through every stage, a stage with fewer places than the microbatches out at once makes them
+wait (14 nodes of one slot, L = S = 4, stage 2 of 3 nodes for 4 data nodes: 20.83 -> 24.86 s,
+plan 24.99 s).
+
 The covered time only grows with a data node's forward time, so the data nodes are taken in
 kinds (their memory and spans held, and ``FORWARD_BINS`` bins of their forward time, each bin
 at its least forward): a floor still, from far fewer assignment problems. Measured (2026-11-28)
@@ -59,6 +67,7 @@ from scipy.optimize import linear_sum_assignment
 
 from skippipe.planner.problem import Problem
 from skippipe.planner.programme_floor import least_feasible
+from skippipe.planner.routing.sequences import stage_sequences
 from skippipe.workload import tc1_caps
 
 GRID_POINTS = 40  # ends of the stretches tried, evenly over [0, T], and the spans' window ends
@@ -113,24 +122,30 @@ def _windows(t: _Terms, forward: float, k: int, T: float) -> tuple[np.ndarray, n
     return start, end, span
 
 
-def _covered(start: np.ndarray, end: np.ndarray, span: np.ndarray, t1: np.ndarray, t2: np.ndarray) -> np.ndarray:
-    """[stretch, j, i]: the least time the spans of microbatch (j, i) cover of each stretch;
-    inf where one of its spans cannot fit its window."""
+def _covered(start: np.ndarray, end: np.ndarray, span: np.ndarray, t1: np.ndarray, t2: np.ndarray,
+             by_position: bool = False) -> np.ndarray:
+    """[stretch, j, i] (with ``by_position`` [stretch, j, i, p]): the least time the spans of
+    microbatch (j, i) cover of each stretch; inf where one of its spans cannot fit its window."""
     lo, hi, d = t1[:, None, None, None], t2[:, None, None, None], span[None, None, None, :]
     s, e = start[None, :, None, :], end[None, None, :, :]
-    cover = np.maximum(0.0, np.minimum(np.minimum(hi - lo, d), np.minimum(s + d - lo, hi - e + d))).sum(axis=3)
+    cover = np.maximum(0.0, np.minimum(np.minimum(hi - lo, d), np.minimum(s + d - lo, hi - e + d)))
     fits = (end[None, :, :] - start[:, None, :] >= span - 1e-9).all(axis=2)
-    return np.where(fits[None], cover, math.inf)
+    if by_position:
+        return np.where(fits[None, :, :, None], cover, math.inf)
+    return np.where(fits[None], cover.sum(axis=3), math.inf)
 
 
-def _pairing_bound(start: np.ndarray, end: np.ndarray, span: np.ndarray, t1: np.ndarray, t2: np.ndarray) -> np.ndarray:
-    """[stretch]: a lower bound on the least pairing, from its row and column minima. The
-    covered time only shrinks with an earlier start or a later end, and the first injection
-    starts earliest and the last final backward ends latest, so a row's least is its pairing
-    with the last rank and a column's with the first."""
-    rows = _covered(start, end[-1:], span, t1, t2).sum(axis=(1, 2))
-    cols = _covered(start[:1], end, span, t1, t2).sum(axis=(1, 2))
-    return np.maximum(rows, cols)
+def _position_bounds(start: np.ndarray, end: np.ndarray, span: np.ndarray, t1: np.ndarray, t2: np.ndarray
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    """([stretch, p], [stretch, p]): per path position, the covered time of every injection
+    rank paired with the last final-backward rank, and of every final-backward rank with the
+    first injection rank. The covered time only shrinks with an earlier start or a later end,
+    and the first injection starts earliest and the last final backward ends latest, so the
+    first is a row's least and the second a column's: the larger of their sums over any set of
+    positions bounds the least pairing from below."""
+    rows = _covered(start, end[-1:], span, t1, t2, by_position=True).sum(axis=(1, 2))
+    cols = _covered(start[:1], end, span, t1, t2, by_position=True).sum(axis=(1, 2))
+    return rows, cols
 
 
 def _least_pairing(cost: np.ndarray) -> np.ndarray:
@@ -179,6 +194,7 @@ class _Energy:
         self.D = int(problem.stage_sizes[0])
         self.held = spans_held(problem)
         self.held_sum = float(self.held.sum())
+        self.position_sets = position_sets(problem, self.held)
 
     def feasible(self, T: float) -> bool:
         """Whether no stretch is over-full at makespan T (see the module text)."""
@@ -191,17 +207,51 @@ class _Energy:
         t1, t2 = _stretches(T, windows)
         counts = np.array([kind[2] for kind in kinds])
         supply = self.held_sum * (t2 - t1)
-        bounds = np.stack([_pairing_bound(*w, t1, t2) for w in windows], axis=1)
+        by_position = [_position_bounds(*w, t1, t2) for w in windows]
+        bounds = np.stack([np.maximum(r.sum(axis=1), c.sum(axis=1)) for r, c in by_position], axis=1)
         held = np.array([kind[3] for kind in kinds])
         need = _least_need(bounds + held[None, :] * (t2 - t1)[:, None], counts, self.D)
         if (need > supply * (1 + 1e-9) + 1e-9).any():
             return False
+        for positions, most in self.position_sets:  # the stages that can host these positions
+            part = np.stack([np.maximum(r[:, positions].sum(axis=1), c[:, positions].sum(axis=1))
+                             for r, c in by_position], axis=1)
+            if (_least_need(part, counts, self.D) > most * (t2 - t1) * (1 + 1e-9) + 1e-9).any():
+                return False
         if t.m > ASSIGN_MAX_M:
             return True
         top = np.argsort(supply - need, kind="stable")[:ASSIGNED_STRETCHES]  # the fullest stretches
         paired = np.stack([_least_pairing(_covered(*w, t1[top], t2[top])) for w in windows], axis=1)
         need = _least_need(paired + held[None, :] * (t2 - t1)[top, None], counts, self.D)
         return bool((need <= supply[top] * (1 + 1e-9) + 1e-9).all())
+
+
+def position_hosts(problem: Problem) -> list[set[int]]:
+    """Per path position (0-based), the stages a visit there can be in: those at that place in
+    some stage order the path rules allow."""
+    w = problem.workload
+    orders = stage_sequences(w.num_stages, w.path_length, w.max_swaps, w.max_jump)
+    return [{order[p] for order in orders} for p in range(w.path_length - 1)]
+
+
+def position_sets(problem: Problem, held: np.ndarray) -> list[tuple[list[int], float]]:
+    """(path positions, the most spans the stages that can host them hold at a time) for every
+    run of consecutive positions short of all: a stage of s nodes holds at most the s largest
+    ``spans_held`` among the nodes (``position_hosts`` says which stages a position can take)."""
+    P = problem.workload.path_length - 1
+    hosts = position_hosts(problem)
+    if not all(hosts):
+        return []
+    ranked = np.cumsum(np.sort(held)[::-1])
+    sets = []
+    for a in range(P):
+        for b in range(a, P):
+            if b - a + 1 == P:
+                continue
+            stages = set().union(*hosts[a:b + 1])
+            places = sum(problem.stage_sizes[s] for s in stages)
+            sets.append((list(range(a, b + 1)), float(ranked[min(places, len(ranked)) - 1])))
+    return sets
 
 
 def _stretches(T: float, windows: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
