@@ -81,6 +81,34 @@ def plan_makespans(problem, methods: tuple[str, ...], draws: int) -> list[float]
     return made
 
 
+def floors_switched_off(monkeypatch, *names: str) -> None:
+    """Switch off the floors ``names`` of ``skippipe.planner.floors`` (each then returns the
+    value it is given)."""
+    import skippipe.planner.floors as floors
+
+    for name in names:
+        monkeypatch.setattr(floors, name, lambda problem, trip_floors, at_least: at_least)
+
+
+def floor_and_without(problem, monkeypatch, *names: str):
+    """(the floor over every allocation of ``problem``, its value with the floors ``names``
+    switched off: ``floors_switched_off``)."""
+    from skippipe.planner.floors import free_allocation_floor
+
+    floor = free_allocation_floor(problem)
+    floors_switched_off(monkeypatch, *names)
+    return floor, free_allocation_floor(problem).value
+
+
+def check_below_a_plan(value: float, problem, method: str, seed: int) -> None:
+    """A floor ``value`` is at most the makespan of ``method`` on a random allocation (``seed``)
+    of ``problem``, where it can plan there (a valid path, routing under the caps, no memory
+    deadlock: else there is nothing to bound)."""
+    plan = makespan_on(problem, random_allocation(problem, np.random.default_rng(seed)), method)
+    if plan is not None:
+        assert value <= plan + 1e-6
+
+
 def islands_the_caps_cannot_carry():
     """Two islands (links of 200 s between them), every path through every stage (S = L = 3):
     the split gives the 3-node island one node per stage, and with speeds 10, 1 and 0.1

@@ -11,10 +11,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cluster_strategies import generated_problems
+from cluster_strategies import floors_switched_off, generated_problems
 from skippipe.cluster_gen import random_global_cluster
 from skippipe.errors import UserError
-from skippipe.planner import cycle_trips, floors
+from skippipe.planner import cycle_trips
 from skippipe.planner.cycle_trips import cheapest_cycles, solvable, trip_terms, window_walks
 from skippipe.planner.floors import _round_trips, free_allocation_floor
 from skippipe.planner.methods import make_plan
@@ -130,8 +130,7 @@ def test_walk_bound_raises_the_floor_with_long_paths(monkeypatch):
     problem = build_problem(cluster, Workload(num_stages=6, path_length=6))
     assert not solvable(problem) and trip_terms(problem) is not None
     # the walk bound alone: the programme floors (which raise both values here) switched off
-    monkeypatch.setattr(floors, "slot_time_floor", lambda p, tf, at_least: at_least)
-    monkeypatch.setattr(floors, "neighbour_floor", lambda p, tf, at_least: at_least)
+    floors_switched_off(monkeypatch, "slot_time_floor", "neighbour_floor")
     walked = free_allocation_floor(problem)
     monkeypatch.setattr(cycle_trips, "WALK_WORK", 0)
     relaxed = free_allocation_floor(problem)

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import skippipe.planner.floors as floors
-from cluster_strategies import generated_problems, makespan_on, plan_makespans, random_allocation
+from cluster_strategies import check_below_a_plan, floor_and_without, floors_switched_off, generated_problems, plan_makespans
 from skippipe.cluster_gen import random_global_cluster
 from skippipe.planner.floors import free_allocation_floor, set_floors
 from skippipe.planner.neighbour_floor import neighbour_floor
@@ -25,9 +23,7 @@ def _two_sites():
 
 def test_two_sites_raise_the_floor_and_every_plan_stays_above(monkeypatch):
     problem = _two_sites()
-    floor = free_allocation_floor(problem)
-    monkeypatch.setattr(floors, "neighbour_floor", lambda p, tf, at_least: at_least)
-    without = free_allocation_floor(problem).value
+    floor, without = floor_and_without(problem, monkeypatch, "neighbour_floor")
     assert floor.value == floor.neighbour_s
     assert floor.value > 1.4 * without  # 29.48 -> 48.71 s
     made = plan_makespans(problem, ("random", "skippipe-no-tc2"), draws=16)
@@ -40,7 +36,7 @@ def test_one_site_with_plenty_of_slots_leaves_the_floor(monkeypatch):
     one_site = build_problem(random_global_cluster(24, seed=223, sites=1, speed=(0.2, 3.0), memory=(4, 4)),
                              problem.workload)
     floor = free_allocation_floor(one_site).value
-    monkeypatch.setattr(floors, "neighbour_floor", lambda p, tf, at_least: at_least)
+    floors_switched_off(monkeypatch, "neighbour_floor")
     assert free_allocation_floor(one_site).value == floor
 
 
@@ -49,8 +45,4 @@ def test_one_site_with_plenty_of_slots_leaves_the_floor(monkeypatch):
        st.sampled_from(["naive", "random", "skippipe-no-tc2"]), st.integers(0, 10_000))
 def test_neighbour_floor_is_below_every_plan(problem, method, seed):
     # the programme alone (from a floor of almost nothing), against a plan on any allocation
-    value = neighbour_floor(problem, set_floors(problem).tf, 1e-3)
-    plan = makespan_on(problem, random_allocation(problem, np.random.default_rng(seed)), method)
-    if plan is None:  # no valid path, caps or memory deadlock on this allocation: nothing to bound
-        return
-    assert value <= plan + 1e-6
+    check_below_a_plan(neighbour_floor(problem, set_floors(problem).tf, 1e-3), problem, method, seed)

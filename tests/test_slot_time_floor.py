@@ -6,8 +6,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import skippipe.planner.floors as floors
-from cluster_strategies import generated_problems, makespan_on, plan_makespans, random_allocation
+from cluster_strategies import check_below_a_plan, floor_and_without, generated_problems, plan_makespans
 from skippipe.cluster_gen import single_site_cluster
 from skippipe.planner.floors import free_allocation_floor, set_floors
 from skippipe.planner.problem import build_problem
@@ -25,10 +24,8 @@ def _one_slot_each():
 
 def test_one_slot_per_node_raises_the_floor_and_every_plan_stays_above(monkeypatch):
     problem = _one_slot_each()
-    floor = free_allocation_floor(problem)
-    monkeypatch.setattr(floors, "slot_time_floor", lambda p, tf, at_least: at_least)
-    monkeypatch.setattr(floors, "neighbour_floor", lambda p, tf, at_least: at_least)  # it counts slots too
-    without = free_allocation_floor(problem).value
+    # the neighbour floor counts slots too
+    floor, without = floor_and_without(problem, monkeypatch, "slot_time_floor", "neighbour_floor")
     assert floor.value == floor.slot_time_s
     assert floor.value > 1.03 * without  # 80.91 -> 85.57 s
     made = plan_makespans(problem, ("naive", "skippipe-no-tc2"), draws=20)
@@ -48,11 +45,7 @@ def test_where_the_slots_are_plenty_the_floor_stays():
        st.sampled_from(["naive", "random", "skippipe-no-tc2"]), st.integers(0, 10_000))
 def test_slot_time_floor_is_below_every_plan(problem, method, seed):
     # the programme alone (from a floor of almost nothing), against a plan on any allocation
-    value = slot_time_floor(problem, set_floors(problem).tf, 1e-3)
-    plan = makespan_on(problem, random_allocation(problem, np.random.default_rng(seed)), method)
-    if plan is None:  # no valid path, caps or memory deadlock on this allocation: nothing to bound
-        return
-    assert value <= plan + 1e-6
+    check_below_a_plan(slot_time_floor(problem, set_floors(problem).tf, 1e-3), problem, method, seed)
 
 
 def test_every_speed_equal_the_programme_admits_every_generous_makespan():

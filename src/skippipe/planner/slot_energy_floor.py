@@ -42,8 +42,10 @@ over-full has no plan: the least T without one (bisection) is the floor.
 
 *Stages.* A visit at path position p is in one of the stages some allowed stage order puts
 there (``position_hosts``; with L = S and no room to swap, exactly stage p). So the spans of a
-run of positions must also fit in what the nodes of those stages can hold: a stage of s nodes
-at most the s largest ``spans_held`` of the cluster (``position_sets``). With every path
+run of positions must also fit in what the nodes of those stages can hold (``position_sets``):
+stages of s nodes in all at most the s largest ``spans_held`` of the nodes outside stage 0,
+which is at most the s largest once the D eligible nodes that hold least are taken out
+(``most_held``). With every path
 through every stage, a stage with fewer places than the microbatches out at once makes them
 wait (14 nodes of one slot, L = S = 4, stage 2 of 3 nodes for 4 data nodes: 20.83 -> 24.86 s,
 plan 24.99 s).
@@ -51,8 +53,8 @@ plan 24.99 s).
 The covered time only grows with a data node's forward time, so the data nodes are taken in
 kinds (their memory and spans held, and ``FORWARD_BINS`` bins of their forward time, each bin
 at its least forward): a floor still, from far fewer assignment problems. Measured (2026-11-28)
-on one-site clusters of 24-60 nodes with one or two slots a node: 15.26 -> 18.48 s (plan
-20.96 s), 28.51 -> 31.46 s, 53.17 -> 58.04 s; with one to four slots, 24 nodes, m = 2: 14.54
+on one-site clusters of 24-60 nodes with one or two slots a node: 15.26 -> 20.82 s (plan
+20.96 s), 28.51 -> 33.39 s, 53.17 -> 58.04 s; with one to four slots, 24 nodes, m = 2: 14.54
 -> 16.79 s; where slots and caps leave room it stays under the other floors (every row of the
 suite).
 """
@@ -194,7 +196,7 @@ class _Energy:
         self.D = int(problem.stage_sizes[0])
         self.held = spans_held(problem)
         self.held_sum = float(self.held.sum())
-        self.position_sets = position_sets(problem, self.held)
+        self.position_sets = position_sets(problem)
 
     def feasible(self, T: float) -> bool:
         """Whether no stretch is over-full at makespan T (see the module text)."""
@@ -213,7 +215,8 @@ class _Energy:
         need = _least_need(bounds + held[None, :] * (t2 - t1)[:, None], counts, self.D)
         if (need > supply * (1 + 1e-9) + 1e-9).any():
             return False
-        for positions, most in self.position_sets:  # the stages that can host these positions
+        for positions, places in self.position_sets:  # the stages that can host these positions
+            most = most_held(self.held, eligible, self.D, places)
             part = np.stack([np.maximum(r[:, positions].sum(axis=1), c[:, positions].sum(axis=1))
                              for r, c in by_position], axis=1)
             if (_least_need(part, counts, self.D) > most * (t2 - t1) * (1 + 1e-9) + 1e-9).any():
@@ -234,24 +237,27 @@ def position_hosts(problem: Problem) -> list[set[int]]:
     return [{order[p] for order in orders} for p in range(w.path_length - 1)]
 
 
-def position_sets(problem: Problem, held: np.ndarray) -> list[tuple[list[int], float]]:
-    """(path positions, the most spans the stages that can host them hold at a time) for every
-    run of consecutive positions short of all: a stage of s nodes holds at most the s largest
-    ``spans_held`` among the nodes (``position_hosts`` says which stages a position can take)."""
+def position_sets(problem: Problem) -> list[tuple[list[int], int]]:
+    """(path positions, how many nodes the stages that can host them have) for every run of
+    consecutive positions short of all (``position_hosts`` says which stages a position can
+    take)."""
     P = problem.workload.path_length - 1
     hosts = position_hosts(problem)
     if not all(hosts):
         return []
-    ranked = np.cumsum(np.sort(held)[::-1])
-    sets = []
-    for a in range(P):
-        for b in range(a, P):
-            if b - a + 1 == P:
-                continue
-            stages = set().union(*hosts[a:b + 1])
-            places = sum(problem.stage_sizes[s] for s in stages)
-            sets.append((list(range(a, b + 1)), float(ranked[min(places, len(ranked)) - 1])))
-    return sets
+    return [(list(range(a, b + 1)), sum(problem.stage_sizes[s] for s in set().union(*hosts[a:b + 1])))
+            for a in range(P) for b in range(a, P) if b - a + 1 < P]
+
+
+def most_held(held: np.ndarray, eligible: np.ndarray, D: int, places: int) -> float:
+    """The most spans ``places`` nodes outside stage 0 can hold at a time: the ``places``
+    largest ``held`` once the D eligible nodes that hold least are taken out (taking out a
+    node that holds less never leaves less)."""
+    out = np.zeros(len(held), dtype=bool)
+    candidates = np.flatnonzero(eligible)
+    out[candidates[np.argsort(held[candidates], kind="stable")[:D]]] = True
+    rest = np.sort(held[~out])[::-1]
+    return float(rest[:places].sum())
 
 
 def _stretches(T: float, windows: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
