@@ -29,7 +29,7 @@ from skippipe.planner.slot_energy_floor import (
     spans_held,
 )
 from skippipe.sim import simulate
-from skippipe.workload import Workload
+from skippipe.workload import Workload, least_max_jump
 
 
 def _few_slots(memory=(1, 2)):
@@ -143,3 +143,22 @@ def _most_at_once(spans: list[tuple[float, float]]) -> int:
 def test_slot_energy_floor_is_below_every_plan(problem, method, seed):
     # the floor alone (from a floor of almost nothing), against a plan on any allocation
     check_below_a_plan(slot_energy_floor(problem, set_floors(problem).tf, 1e-3), problem, method, seed)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(2, 9), st.data())
+def test_the_wider_hosts_hold_every_stage_order(num_stages, data):
+    """Where the stage orders would be too many to enumerate, each position's wider set of
+    stages holds every stage the enumerated orders put there."""
+    L = data.draw(st.integers(2, num_stages))
+    least = least_max_jump(num_stages, L)
+    workload = Workload(num_stages=num_stages, path_length=L, max_swaps=data.draw(st.integers(0, 2)),
+                        max_jump=data.draw(st.integers(least, max(least, 5))), n_layers=2 * num_stages)
+    problem = build_problem(single_site_cluster(num_stages + 4, seed=1), workload)
+    exact = position_hosts(problem)
+    slot_energy.MAX_ORDERS, kept = 0, slot_energy.MAX_ORDERS
+    try:
+        wide = position_hosts(problem)
+    finally:
+        slot_energy.MAX_ORDERS = kept
+    assert all(a <= b for a, b in zip(exact, wide))

@@ -79,6 +79,8 @@ FORWARD_BINS = 4  # bins of the data nodes' forward time, per memory
 ASSIGN_MAX_M = 8  # above this many microbatches the pairing is bounded by its row and column minima only
 REL_TOL = 1e-4  # the bisection stops within this share of the makespan
 UNFIT = 1e12  # a pair of ranks whose spans cannot fit, in the assignment problem
+MAX_M = 64  # with more microbatches per data node the floor is not computed (its arrays grow as m)
+MAX_ORDERS = 200_000  # stage orders enumerated for ``position_hosts`` at most
 
 
 @dataclass(frozen=True)
@@ -231,10 +233,16 @@ class _Energy:
 
 def position_hosts(problem: Problem) -> list[set[int]]:
     """Per path position (0-based), the stages a visit there can be in: those at that place in
-    some stage order the path rules allow."""
+    some stage order the path rules allow (where the orders could number more than
+    ``MAX_ORDERS``, a wider set: the places of an increasing order, one further each way with
+    swaps)."""
     w = problem.workload
-    orders = stage_sequences(w.num_stages, w.path_length, w.max_swaps, w.max_jump)
-    return [{order[p] for order in orders} for p in range(w.path_length - 1)]
+    S, P = w.num_stages, w.path_length - 1
+    if math.perm(S - 1, P) > MAX_ORDERS:
+        swap = 1 if w.max_swaps > 0 else 0
+        return [set(range(max(1, p + 1 - swap), min(S - 1, S - P + p + swap) + 1)) for p in range(P)]
+    orders = stage_sequences(S, w.path_length, w.max_swaps, w.max_jump)
+    return [{order[p] for order in orders} for p in range(P)]
 
 
 def position_sets(problem: Problem) -> list[tuple[list[int], int]]:
@@ -285,7 +293,7 @@ def slot_energy_floor(problem: Problem, trip_floors: np.ndarray, at_least: float
     """The least makespan, at least ``at_least``, with no over-full stretch (see the module
     text); ``trip_floors[x]``: a floor of x's own finish as a data node."""
     w = problem.workload
-    if w.path_length < 2 or not math.isfinite(at_least) or at_least <= 0:
+    if w.path_length < 2 or w.microbatches_per_data_node > MAX_M or not math.isfinite(at_least) or at_least <= 0:
         return at_least
     energy = _Energy(problem, trip_floors)
     if not (math.isfinite(energy.terms.hop) and energy.terms.hop >= 0):
