@@ -27,7 +27,8 @@ capacity floor (``relaxed_floors.capacity_floor``: the visits must fit on the ot
 so the floor scales to 1,000 nodes. Two linear programmes over every allocation raise it
 last: ``slot_time_floor`` (round trips and visits must fit the activation slots' time) and,
 up to ``neighbour_floor.MAX_NODES``, ``neighbour_floor`` (each data node's round trips, with
-who visits whom, must fit its own slots).
+who visits whom, must fit its own slots); then ``slot_energy_floor`` (the visits' slots over
+every stretch of time, where a data node's microbatches are out at once).
 It is exact reasoning on relaxed round trips, so it is valid for every allocation, path choice
 and processing order the simulator runs. On the current-code reference network it is 54.60 s:
 remote nodes (Australia) must carry 6 microbatches each, and no data node can both run its own
