@@ -6,6 +6,7 @@ Defaults are the reference configuration (DESIGN §3): 6 stages, paths of 4 stag
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ClassVar
@@ -24,6 +25,17 @@ def tc1_caps(speed: np.ndarray | Sequence[float], visits: int, total_speed: floa
     """The TC1 rule: nodes of these speeds get ``visits`` in proportion to their share of
     ``total_speed`` (the speed of every node outside stage 0), rounded up, at least 1."""
     return np.maximum(1.0, np.ceil(visits * np.asarray(speed, dtype=float) / total_speed - 1e-9))
+
+
+def largest_tc1_caps(speed: np.ndarray | Sequence[float], visits: int, data_nodes: int) -> np.ndarray:
+    """Each node's TC1 cap at its largest over every choice of the ``data_nodes`` stage-0 nodes:
+    with the fastest in stage 0 the others' speed, which the visits are shared by, is least;
+    infinite where no speed is left to share."""
+    speed = np.asarray(speed, dtype=float)
+    others = float(speed.sum() - np.sort(speed)[::-1][:data_nodes].sum())
+    if not (math.isfinite(others) and others > 1e-12):
+        return np.full(len(speed), np.inf)
+    return tc1_caps(speed, visits, others)
 
 
 def least_max_jump(num_stages: int, path_length: int) -> int:

@@ -41,7 +41,7 @@ from scipy.sparse.csgraph import shortest_path
 from skippipe.planner.problem import Problem
 from skippipe.planner.programme_floor import Rows, admits, least_feasible, slot_terms
 from skippipe.planner.relaxed_floors import hop_edges, served_visits
-from skippipe.workload import tc1_caps
+from skippipe.workload import largest_tc1_caps
 
 MAX_NODES = 120  # above it the programme (about N^2 variables, 0.1-5 s a solve at 100 nodes) is skipped
 REL_TOL = 1e-3  # the bisection stops within this share of the makespan
@@ -58,8 +58,7 @@ class _Programme:
         self.there_and_back = 2.0 * shortest_path(graph, directed=True) / t.P
         self.hold = t.visit + t.cheapest[:, 0] + t.loss
         self.trip_floors = trip_floors
-        others = float(t.speed.sum() - np.sort(t.speed)[::-1][: t.D].sum())
-        self.tc1 = tc1_caps(t.speed, t.D * t.m * t.P, others) if others > 1e-12 else np.full(self.n, np.inf)
+        self.tc1 = largest_tc1_caps(t.speed, t.D * t.m * t.P, t.D)
 
     def feasible(self, T: float) -> bool:
         """Whether the programme has a solution at makespan T."""

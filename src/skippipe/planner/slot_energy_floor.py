@@ -70,7 +70,7 @@ from scipy.optimize import linear_sum_assignment
 from skippipe.planner.problem import Problem
 from skippipe.planner.programme_floor import least_feasible
 from skippipe.planner.routing.sequences import stage_sequences
-from skippipe.workload import tc1_caps
+from skippipe.workload import largest_tc1_caps
 
 GRID_POINTS = 40  # ends of the stretches tried, evenly over [0, T], and the spans' window ends
 MAX_POINTS = 120  # stretch ends at most
@@ -180,14 +180,11 @@ def _kinds(problem: Problem, eligible: np.ndarray, held: np.ndarray) -> list[tup
 def spans_held(problem: Problem) -> np.ndarray:
     """The most spans each node can hold at a time outside stage 0: its memory, and no more
     than its largest TC1 cap (its share of the visits when the stage-0 nodes are the fastest)."""
-    memory = np.asarray(problem.memory, dtype=float)
     w = problem.workload
-    speed = 1.0 / np.asarray(problem.forward_s, dtype=float)
     D = int(problem.stage_sizes[0])
-    others = float(speed.sum() - np.sort(speed)[::-1][:D].sum())
-    if others <= 0 or not np.isfinite(others):
-        return memory
-    return np.minimum(memory, tc1_caps(speed, D * w.microbatches_per_data_node * (w.path_length - 1), others))
+    caps = largest_tc1_caps(1.0 / np.asarray(problem.forward_s, dtype=float),
+                            D * w.microbatches_per_data_node * (w.path_length - 1), D)
+    return np.minimum(np.asarray(problem.memory, dtype=float), caps)
 
 
 class _Energy:
@@ -213,22 +210,22 @@ class _Energy:
         supply = self.held_sum * (t2 - t1)
         by_position = [_position_bounds(*w, t1, t2) for w in windows]
         bounds = np.stack([np.maximum(r.sum(axis=1), c.sum(axis=1)) for r, c in by_position], axis=1)
-        held = np.array([kind[3] for kind in kinds])
-        need = _least_need(bounds + held[None, :] * (t2 - t1)[:, None], counts, self.D)
-        if (need > supply * (1 + 1e-9) + 1e-9).any():
+        kind_held = np.array([kind[3] for kind in kinds])
+        need = _least_need(bounds + kind_held[None, :] * (t2 - t1)[:, None], counts, self.D)
+        if _over_full(need, supply).any():
             return False
         for positions, places in self.position_sets:  # the stages that can host these positions
             most = most_held(self.held, eligible, self.D, places)
             part = np.stack([np.maximum(r[:, positions].sum(axis=1), c[:, positions].sum(axis=1))
                              for r, c in by_position], axis=1)
-            if (_least_need(part, counts, self.D) > most * (t2 - t1) * (1 + 1e-9) + 1e-9).any():
+            if _over_full(_least_need(part, counts, self.D), most * (t2 - t1)).any():
                 return False
         if t.m > ASSIGN_MAX_M:
             return True
         top = np.argsort(supply - need, kind="stable")[:ASSIGNED_STRETCHES]  # the fullest stretches
         paired = np.stack([_least_pairing(_covered(*w, t1[top], t2[top])) for w in windows], axis=1)
-        need = _least_need(paired + held[None, :] * (t2 - t1)[top, None], counts, self.D)
-        return bool((need <= supply[top] * (1 + 1e-9) + 1e-9).all())
+        need = _least_need(paired + kind_held[None, :] * (t2 - t1)[top, None], counts, self.D)
+        return not _over_full(need, supply[top]).any()
 
 
 def position_hosts(problem: Problem) -> list[set[int]]:
@@ -279,6 +276,11 @@ def _stretches(T: float, windows: list[tuple[np.ndarray, np.ndarray, np.ndarray]
         pts = pts[np.unique(np.linspace(0, len(pts) - 1, MAX_POINTS).round().astype(int))]
     a, b = np.triu_indices(len(pts), k=1)
     return pts[a], pts[b]
+
+
+def _over_full(need: np.ndarray, room: np.ndarray) -> np.ndarray:
+    """Where the covered time is more than the room, past rounding."""
+    return need > room * (1 + 1e-9) + 1e-9
 
 
 def _least_need(values: np.ndarray, counts: np.ndarray, D: int) -> np.ndarray:
