@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from skippipe.cluster import cluster_from_dict
 from skippipe.cluster_gen import random_global_cluster, single_site_cluster
 from skippipe.errors import UserError
+from skippipe.planner import floors
 from skippipe.planner.methods import make_plan, with_allocation
 from skippipe.planner.problem import Problem, build_problem
 from skippipe.workload import Workload, least_max_jump
@@ -84,8 +85,6 @@ def plan_makespans(problem, methods: tuple[str, ...], draws: int) -> list[float]
 def floors_switched_off(monkeypatch, *names: str) -> None:
     """Switch off the floors ``names`` of ``skippipe.planner.floors`` (each then returns the
     value it is given)."""
-    import skippipe.planner.floors as floors
-
     for name in names:
         monkeypatch.setattr(floors, name, lambda problem, trip_floors, at_least: at_least)
 
@@ -93,11 +92,9 @@ def floors_switched_off(monkeypatch, *names: str) -> None:
 def floor_and_without(problem, monkeypatch, *names: str):
     """(the floor over every allocation of ``problem``, its value with the floors ``names``
     switched off: ``floors_switched_off``)."""
-    from skippipe.planner.floors import free_allocation_floor
-
-    floor = free_allocation_floor(problem)
+    floor = floors.free_allocation_floor(problem)
     floors_switched_off(monkeypatch, *names)
-    return floor, free_allocation_floor(problem).value
+    return floor, floors.free_allocation_floor(problem).value
 
 
 def check_below_a_plan(value: float, problem, method: str, seed: int) -> None:
