@@ -52,7 +52,9 @@ plan 24.99 s).
 
 The covered time only grows with a data node's forward time, so the data nodes are taken in
 kinds (their memory and spans held, and ``FORWARD_BINS`` bins of their forward time, each bin
-at its least forward): a floor still, from far fewer assignment problems. Measured (2026-11-28)
+at its least forward): a floor still, from far fewer assignment problems. The kinds, the
+stretches and the stretches given assignment problems are the same whichever nodes may be data
+nodes, so lower data-node floors (relaxed round trips) never give a higher floor. Measured (2026-11-28)
 on one-site clusters of 24-60 nodes with one or two slots a node: 15.26 -> 20.83 s (plan
 20.96 s), 28.51 -> 33.39 s, 53.17 -> 58.05 s; with one to four slots, 24 nodes, m = 2: 14.54
 -> 16.79 s; where slots and caps leave room it stays under the other floors (every row of the
@@ -166,17 +168,19 @@ def _least_pairing(cost: np.ndarray) -> np.ndarray:
     return out
 
 
-def _kinds(problem: Problem, eligible: np.ndarray, held: np.ndarray) -> list[tuple[float, int, int, float]]:
-    """(least forward, memory, count, spans held) of the eligible nodes, by memory and spans
-    held and ``FORWARD_BINS`` bins of their forward time."""
+def _kinds(problem: Problem, held: np.ndarray) -> list[tuple[float, int, float, np.ndarray]]:
+    """(least forward, memory, spans held, members) of every node, by memory and spans held
+    and ``FORWARD_BINS`` bins of their forward time. The same for every makespan, so that a
+    node that may be a data node at more makespans (a lower ``trip_floor``) never raises the
+    floor."""
     f = np.asarray(problem.forward_s, dtype=float)
     memory = np.asarray(problem.memory, dtype=int)
     kinds = []
-    for mem, most in sorted({(int(memory[x]), float(held[x])) for x in np.flatnonzero(eligible)}):
-        nodes = np.flatnonzero(eligible & (memory == mem) & (held == most))
+    for mem, most in sorted({(int(memory[x]), float(held[x])) for x in range(problem.n)}):
+        nodes = np.flatnonzero((memory == mem) & (held == most))
         for part in np.array_split(nodes[np.argsort(f[nodes], kind="stable")], FORWARD_BINS):
             if len(part):
-                kinds.append((float(f[part].min()), mem, len(part), most))
+                kinds.append((float(f[part].min()), mem, most, part))
     return kinds
 
 
@@ -199,6 +203,7 @@ class _Energy:
         self.held = spans_held(problem)
         self.held_sum = float(self.held.sum())
         self.position_sets = position_sets(problem)
+        self.kinds = _kinds(problem, self.held)
 
     def feasible(self, T: float) -> bool:
         """Whether no stretch is over-full at makespan T (see the module text)."""
@@ -206,15 +211,15 @@ class _Energy:
         eligible = self.trip_floors <= T + 1e-12
         if eligible.sum() < self.D:
             return False
-        kinds = _kinds(self.problem, eligible, self.held)
-        windows = [_windows(t, forward, min(mem, t.m), T) for forward, mem, _, _ in kinds]
+        windows = [_windows(t, forward, min(mem, t.m), T) for forward, mem, _, _ in self.kinds]
         t1, t2 = _stretches(T, windows)
-        counts = np.array([kind[2] for kind in kinds])
+        counts = np.array([int(eligible[members].sum()) for _, _, _, members in self.kinds])
         supply = self.held_sum * (t2 - t1)
         by_position = [_position_bounds(*w, t1, t2) for w in windows]
         bounds = np.stack([np.maximum(r.sum(axis=1), c.sum(axis=1)) for r, c in by_position], axis=1)
-        kind_held = np.array([kind[3] for kind in kinds])
-        need = _least_need(bounds + kind_held[None, :] * (t2 - t1)[:, None], counts, self.D)
+        kind_held = np.array([kind[2] for kind in self.kinds])
+        values = bounds + kind_held[None, :] * (t2 - t1)[:, None]
+        need = _least_need(values, counts, self.D)
         if _over_full(need, supply).any():
             return False
         for positions, places in self.position_sets:  # the stages that can host these positions
@@ -225,7 +230,9 @@ class _Energy:
                 return False
         if t.m > ASSIGN_MAX_M:
             return True
-        top = np.argsort(supply - need, kind="stable")[:ASSIGNED_STRETCHES]  # the fullest stretches
+        # the fullest stretches, any node a data node: the same ones at every eligibility
+        every = np.array([len(members) for _, _, _, members in self.kinds])
+        top = np.argsort(supply - _least_need(values, every, self.D), kind="stable")[:ASSIGNED_STRETCHES]
         paired = np.stack([_least_pairing(_covered(*w, t1[top], t2[top])) for w in windows], axis=1)
         need = _least_need(paired + kind_held[None, :] * (t2 - t1)[top, None], counts, self.D)
         return not _over_full(need, supply[top]).any()
