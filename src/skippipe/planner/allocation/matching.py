@@ -109,20 +109,22 @@ def _small_feasibility(cost: np.ndarray):
     def feasible(t: float) -> bool:
         adj = [row_cols[: bisect_right(row_costs, t)] for row_cols, row_costs in zip(cols, sorted_costs)]
         owner: dict[int, int] = {}
-
-        def augment(r: int, seen: set[int]) -> bool:
-            for col in adj[r]:
-                if col in seen:
-                    continue
-                seen.add(col)
-                if col not in owner or augment(owner[col], seen):
-                    owner[col] = r
-                    return True
-            return False
-
-        return all(augment(r, set()) for r in range(len(adj)))
+        return all(_augment(r, adj, owner, set()) for r in range(len(adj)))
 
     return feasible
+
+
+def _augment(r: int, adj: list[list[int]], owner: dict[int, int], seen: set[int]) -> bool:
+    """Kuhn's augmenting path from row r (a module function: a nested recursive one would make
+    a reference cycle per call, left to the garbage collector)."""
+    for col in adj[r]:
+        if col in seen:
+            continue
+        seen.add(col)
+        if col not in owner or _augment(owner[col], adj, owner, seen):
+            owner[col] = r
+            return True
+    return False
 
 
 @lru_cache(maxsize=64)

@@ -77,25 +77,30 @@ class Packer:
         return slot_estimate([self.costs.round_trip(d, p) for p in paths], int(self.problem.memory[d]), 0.0)
 
     def _path(self, stages: list[list[int]], left: list[int], d: int) -> tuple[int, ...] | None:
-        fast, dead, path = self.fast, set(), []
+        path: list[int] = []
+        return tuple(path) if self._walk(stages, left, d, 0, d, path, set()) else None
 
-        def walk(q: int, at: int) -> bool:
-            if q == self.final:
-                return bool(fast[at, d])
-            if (q, at) in dead:
-                return False
-            for stage, nxt in self.steps[q]:
-                ahead = sorted((y for y in stages[stage] if left[y] > 0 and fast[at, y] and y not in path),
-                               key=lambda y: -left[y])
-                for y in ahead:
-                    path.append(y)
-                    if walk(nxt, y):
-                        return True
-                    path.pop()
-            dead.add((q, at))
+    def _walk(
+        self, stages: list[list[int]], left: list[int], d: int, q: int, at: int, path: list[int], dead: set[tuple[int, int]],
+    ) -> bool:
+        """Extend ``path`` from state q at node ``at`` over fast links back to d (depth first,
+        the nodes with most visits left first); ``dead``: the (state, node) pairs that fail.
+        A method, not a nested function: a recursive closure makes a reference cycle per call."""
+        fast = self.fast
+        if q == self.final:
+            return bool(fast[at, d])
+        if (q, at) in dead:
             return False
-
-        return tuple(path) if walk(0, d) else None
+        for stage, nxt in self.steps[q]:
+            ahead = sorted((y for y in stages[stage] if left[y] > 0 and fast[at, y] and y not in path),
+                           key=lambda y: -left[y])
+            for y in ahead:
+                path.append(y)
+                if self._walk(stages, left, d, nxt, y, path, dead):
+                    return True
+                path.pop()
+        dead.add((q, at))
+        return False
 
 
 def packed_allocation(

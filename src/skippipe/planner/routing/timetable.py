@@ -182,24 +182,12 @@ def _ranked_paths(
     share its layers."""
     f, T = c.forward, c.transfer
     layer_of: dict[tuple[int, ...], dict[int, tuple[float, int]]] = {(): {d: (end0, -1)}}
-
-    def layer(prefix: tuple[int, ...]) -> dict[int, tuple[float, int]]:
-        got = layer_of.get(prefix)
-        if got is None:
-            prev = layer(prefix[:-1])
-            got = {}
-            for x in stages[prefix[-1]] if prev else ():
-                if room[x] <= 0:
-                    continue
-                arr, par = min(((fin + T[y, x], y) for y, (fin, _) in prev.items()), key=lambda a: a[0])
-                got[x] = (lines[x].earliest_forward(arr, f[x], c.op_gap, c.memory[x]) + f[x], par)
-            work[0] += len(got) * len(prev)
-            layer_of[prefix] = got
-        return got
-
     out = []
     for seq in seqs:
-        for x, (fin, _) in layer(seq).items():
+        for k in range(1, len(seq) + 1):
+            if seq[:k] not in layer_of:
+                layer_of[seq[:k]] = _next_layer(lines, c, layer_of[seq[:k - 1]], stages[seq[k - 1]], room, work)
+        for x, (fin, _) in layer_of[seq].items():
             path = [x]
             for k in range(len(seq) - 1, 0, -1):
                 path.append(layer_of[seq[:k + 1]][path[-1]][1])
@@ -209,6 +197,22 @@ def _ranked_paths(
             out.append((fin + T[x, d] + c.loss_factor * f[d] + back + hops, tuple(path)))
     out.sort()
     return out
+
+
+def _next_layer(
+    lines, c: _Costs, prev: dict[int, tuple[float, int]], nodes: list[int], room: list[int], work: list[int]
+) -> dict[int, tuple[float, int]]:
+    """One more stage of ``_ranked_paths``' prefix: per node of ``nodes`` with room, when its
+    forward can finish after the best node of ``prev`` (the layer one stage shorter), and that node."""
+    f, T = c.forward, c.transfer
+    got: dict[int, tuple[float, int]] = {}
+    for x in nodes if prev else ():
+        if room[x] <= 0:
+            continue
+        arr, par = min(((fin + T[y, x], y) for y, (fin, _) in prev.items()), key=lambda a: a[0])
+        got[x] = (lines[x].earliest_forward(arr, f[x], c.op_gap, c.memory[x]) + f[x], par)
+    work[0] += len(got) * len(prev)
+    return got
 
 
 def timetable_routes(
