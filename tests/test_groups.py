@@ -1,4 +1,4 @@
-"""The joint allocation's group search (``planner.routing.groups``)."""
+"""Private chains and the joint allocation's group search (``planner.routing.groups``)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from skippipe.bounds import trip_floor, trip_floors
-from skippipe.cluster_gen import random_global_cluster
+from skippipe.cluster_gen import random_global_cluster, single_site_cluster
+from skippipe.errors import UserError
+from skippipe.planfile import path_rule_violation
+from skippipe.planner.allocation import allocate
+from skippipe.planner.floors import free_allocation_floor
+from skippipe.planner.methods import make_plan
 from skippipe.planner.problem import build_problem
 from skippipe.planner.routing import groups, joint_groups
-from skippipe.workload import Workload
+from skippipe.planner.routing.candidates import stage_orders
+from skippipe.workload import Workload, least_max_jump
 
 
 @settings(max_examples=10, deadline=None)
@@ -104,3 +110,59 @@ def test_pair_pool_shrinks_the_spares_on_long_paths_only():
     assert any(len(s) > 2 for s in pool[1:])  # one spare a stage still fits (3^8 = 6,561)
     stages, pool, pair = _pool(20, 4, 4)
     assert all(len(s) == min(5, len(stage)) for s, stage in zip(pool[1:], stages[1:]))
+
+
+# one site, 62 equal nodes, S = 9, L = 5: 12 data nodes and 50 others, 48 of them needed for
+# private chains; the jump rule (at most 4 stages past the frontier) rules out some stage orders
+DEEP_STAGES = [[0, 7, 11, 15, 20, 24, 28, 33, 37, 41, 46, 50], [1, 8, 12, 16, 21, 25, 29], [2, 9, 13, 17, 22, 26, 30],
+               [3, 10, 14, 18, 23, 27], [4, 19, 31, 34, 38, 42], [5, 32, 35, 39, 43, 47], [6, 36, 40, 44, 48, 51],
+               [45, 49, 52, 53, 54, 55], [56, 57, 58, 59, 60, 61]]
+
+
+def _deep_problem():
+    return build_problem(single_site_cluster(62, 0), Workload(num_stages=9, path_length=5))
+
+
+def test_the_stage_orders_quota_gives_every_data_node_a_chain_where_the_greedy_does_not():
+    problem = _deep_problem()
+    stages = DEEP_STAGES
+    sets = groups.private_chain_sets(problem, stages, problem.load_caps(stages), stage_orders(problem, stages))
+    assert [len(s) for s in sets] == [7, 12]  # the greedy's look-ahead by stages, then the quota's
+    chains = sets[1]
+    assert sorted(chains) == sorted(stages[0])
+    used = [x for ch in chains.values() for x in ch]
+    assert len(used) == len(set(used)) == 48  # disjoint
+    stage_of = {x: s for s, nodes in enumerate(stages) for x in nodes}
+    for ch in chains.values():
+        order = [stage_of[x] for x in ch]
+        assert 0 not in order and path_rule_violation(order, problem.workload.max_swaps, problem.workload.max_jump) is None
+
+
+def test_a_deep_single_site_plans_on_private_chains():
+    # before the quota: 56.32 s (1.169 x the floor of 48.16 s), seven chains and five data
+    # nodes sharing; with a chain each: 49.94 s
+    problem = _deep_problem()
+    plan = make_plan("skippipe", problem, seed=0)
+    assert plan.predicted_makespan_s <= 1.05 * free_allocation_floor(problem).value
+
+
+@settings(max_examples=25, deadline=None)
+@given(n=st.integers(8, 40), num_stages=st.integers(3, 9), length=st.integers(2, 9), jump=st.integers(1, 5),
+       seed=st.integers(0, 1000))
+def test_the_quota_fits_the_stages_and_counts_at_least_the_greedys_chains(n, num_stages, length, jump, seed):
+    length = min(length, num_stages)
+    jump = max(jump, least_max_jump(num_stages, length))
+    workload = Workload(num_stages=num_stages, path_length=length, max_jump=jump, max_swaps=seed % 2)
+    try:
+        problem = build_problem(single_site_cluster(n, seed), workload)
+    except UserError:
+        return  # too few nodes for the stages
+    stages = allocate(problem, seed=seed)
+    seqs = stage_orders(problem, stages)
+    usable = np.ones(problem.n, dtype=bool)
+    quota = groups.chain_quota(stages, usable, seqs, len(stages[0]))
+    assert quota is not None and sum(quota.values()) <= len(stages[0])
+    for s in range(1, num_stages):
+        assert sum(c for seq, c in quota.items() if s in seq) <= len(stages[s])
+    sets = groups.private_chain_sets(problem, stages, problem.load_caps(stages), seqs)
+    assert all(len(chains) <= sum(quota.values()) for chains in sets)

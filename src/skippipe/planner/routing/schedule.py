@@ -266,7 +266,7 @@ def _start(
     base_routes = static_routes(problem, stages)
     ev = Evaluator(problem, stages)
     cands = [Candidate("no-tc2", stages, base_routes, ev.score(base_routes))]
-    routes = chain_candidate(problem, stages, caps, seqs, deadline)
+    routes = chain_candidate(problem, stages, caps, seqs, deadline, ev.score)
     if routes is not None:
         cands.append(Candidate(PRIVATE_CHAINS, stages, routes, ev.score(routes)))
     balanced = balanced_candidate(problem, stages, caps, seqs, ev)

@@ -9,13 +9,14 @@ others statically over the capacity left. Both are starts of ``routing.schedule`
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from skippipe.errors import UserError
 from skippipe.planner.problem import Problem
 from skippipe.planner.routing.assign import assign_static, round_of
-from skippipe.planner.routing.evaluate import Evaluator, Route
+from skippipe.planner.routing.evaluate import Evaluator, Route, Score
 from skippipe.planner.routing.exchange import Paths
-from skippipe.planner.routing.groups import private_chains
+from skippipe.planner.routing.groups import private_chain_sets
 from skippipe.planner.routing.sequences import RouteCosts, search_width
 
 
@@ -66,13 +67,23 @@ def chain_routes(stages: list[list[int]], chains: dict[int, list[int]], m: int) 
 
 
 def chain_candidate(
-    problem: Problem, stages: list[list[int]], caps: list[int], seqs: tuple[tuple[int, ...], ...], deadline: float | None
+    problem: Problem, stages: list[list[int]], caps: list[int], seqs: tuple[tuple[int, ...], ...], deadline: float | None,
+    score: Callable[[list[Route]], Score] | None = None,
 ) -> list[Route] | None:
     """Private chains for the data nodes that can have one; the others share what capacity is
-    left (static routing). When the rest cannot be routed, the least critical chain is given up."""
-    chains = private_chains(problem, stages, caps, seqs, deadline)
-    if not chains:
+    left (static routing). When the rest cannot be routed, the least critical chain is given up.
+    Of the chain sets of ``private_chain_sets``, the routing that ``score`` finds quickest (by
+    default the first set's)."""
+    routings = [r for chains in private_chain_sets(problem, stages, caps, seqs, deadline)
+                if (r := _chain_routing(problem, stages, caps, chains)) is not None]
+    if not routings:
         return None
+    return min(routings, key=score) if score is not None and len(routings) > 1 else routings[0]
+
+
+def _chain_routing(
+    problem: Problem, stages: list[list[int]], caps: list[int], chains: dict[int, list[int]]
+) -> list[Route] | None:
     m = problem.workload.microbatches_per_data_node
     order = list(chains)
     while chains:
