@@ -11,9 +11,9 @@ then pairwise re-optimisation: the latest data node and one other pool their nod
 ones) and take the best pair of chains out of the pool. The greedy looks ahead by stages only,
 so where the jump rule binds it may leave data nodes without a chain that other stage orders
 would give one (one site, 62 nodes, S = 9, L = 5, stages of 12, 7, 7 and 6 nodes: chains for 7
-of the 12 data nodes, where all 12 fit); an
-integer programme over the stage orders (``chain_quota``) then finds how many chains fit, and
-where every data node can have one the greedy runs again within its counts. Where the allocation is ours to choose,
+of the 12 data nodes, where all 12 fit); an integer programme over the stage orders
+(``chain_quota``) then finds how many chains fit, and where every data node can have one the
+greedy runs again within its counts. Where the allocation is ours to choose,
 ``joint_groups.group_allocation`` builds it from such chains.
 """
 

@@ -84,6 +84,7 @@ def chain_candidate(
 def _chain_routing(
     problem: Problem, stages: list[list[int]], caps: list[int], chains: dict[int, list[int]]
 ) -> list[Route] | None:
+    """``chain_candidate`` for one chain set (``chains`` loses the chains given up)."""
     m = problem.workload.microbatches_per_data_node
     order = list(chains)
     while chains:
