@@ -11,8 +11,9 @@ exactly (33.05 s, against a memory floor of 30.41 s).
 counting the TC1 loads. For a set D of data nodes (every set of the stage-0 size is tried),
 ``set_floor.SetFloor`` gives its floor (see its module text): each data node's own floor over
 its fastest round trips, the slow round trip that the TC1 caps force (the cheap nodes cannot
-take every visit), how many dear trips they force on the data nodes' slots, and both again with
-the round trips kept off D's other data nodes.
+take every visit), how many dear trips they force on the data nodes' slots, both again with
+the round trips kept off D's other data nodes, and those dear trips with each data node's own
+work between them (``dear_schedule``; where that raises the least set, every set again).
 The floor of the problem is the least over D.
 Where the sets and paths are few (``ROUTED_SETS``, ``routed_floor.MAX_PATHS``), the sets with
 the least floors are raised by routing their visits under the TC1 caps
@@ -178,21 +179,31 @@ def free_allocation_floor(problem: Problem, max_sets: int = 200_000, max_tuples:
                          slot_time_s=slot_time, neighbour_s=neighbour, slot_energy_s=energy)
     sets = set_floors(problem, exact)
     cap = capacity_floor(problem, sets.tf)
+    sets.at_least = cap
     if 0 < path_count(problem) <= MAX_PATHS and math.comb(n, D) <= ROUTED_SETS:
         best = _routed(problem, sets)
     else:
-        best = (math.inf, ())
-        by_floor = [int(x) for x in np.argsort(sets.tf, kind="stable")]  # low floors first: a low best early
-        for chosen in itertools.combinations(by_floor, D):
-            data = tuple(sorted(chosen))
-            val = sets.value(data, best[0])
-            if val < best[0]:
-                best = (val, data)
-            if best[0] <= cap:
-                break  # the capacity floor decides
+        best = _least_set(sets, D, cap, schedules=False)
+        if best[1] and best[0] > cap and sets.dear_schedules(best[1], best[0]) > best[0]:
+            best = _least_set(sets, D, cap)  # the dear schedules raise the least set: every set again
     value, slot_time, neighbour, energy = _programme_floors(problem, sets.tf, max(cap, best[0]))
     return FreeFloor(value, tuple(int(x) for x in best[1]), True, exact, cap, solved_trips=solved,
                      slot_time_s=slot_time, neighbour_s=neighbour, slot_energy_s=energy)
+
+
+def _least_set(sets: SetFloor, D: int, cap: float, schedules: bool = True) -> tuple[float, tuple[int, ...]]:
+    """The least floor over the data-node sets of size D, and a set attaining it (stops at the
+    capacity floor ``cap``, which decides then); ``schedules``: with ``SetFloor.dear_schedules``."""
+    best: tuple[float, tuple[int, ...]] = (math.inf, ())
+    by_floor = [int(x) for x in np.argsort(sets.tf, kind="stable")]  # low floors first: a low best early
+    for chosen in itertools.combinations(by_floor, D):
+        data = tuple(sorted(chosen))
+        val = sets.value(data, best[0], schedules)
+        if val < best[0]:
+            best = (val, data)
+        if best[0] <= cap:
+            break  # the capacity floor decides
+    return best
 
 
 def _programme_floors(problem: Problem, tf: np.ndarray, value: float) -> tuple[float, float, float, float]:
@@ -248,9 +259,11 @@ def _routed(problem: Problem, sets: SetFloor) -> tuple[float, tuple[int, ...]]:
             heapq.heappush(heap, (max(val, sets.dear(data)), -1, data))
         elif step == -1 and sets.set_trips is not None:
             heapq.heappush(heap, (max(val, sets.apart(data)), -2, data))
-        elif step > -3 and solves > 0:
+        elif step == -2:
+            heapq.heappush(heap, (max(val, sets.dear_schedules(data, val)), -3, data))
+        elif step > -4 and solves > 0:
             solves -= 1
-            heapq.heappush(heap, (max(val, routed_set_floor(problem, data, sets.tf)), -3, data))
+            heapq.heappush(heap, (max(val, routed_set_floor(problem, data, sets.tf)), -4, data))
         else:
             return val, data
     return math.inf, ()

@@ -18,7 +18,10 @@ For a set D of data nodes (the nodes of stage 0), ``SetFloor.value`` is the larg
   (``dear_visits_floor``; where a node behind broken links must take several visits, every
   trip through it crosses a slow link, and few slots make those trips run one after another);
 - with the round trips enumerated (``set_trips``), both again with every round trip kept off
-  D's other nodes, which no path visits (stage 0 is visited only at the own data node, CC2).
+  D's other nodes, which no path visits (stage 0 is visited only at the own data node, CC2);
+- and the dear trips with each data node's own work between them: how many dear visits the
+  data nodes can take while their own schedules (injections, losses, final backwards, the trips
+  of each microbatch out) finish by T (``dear_schedule.dear_schedule_floor``).
 
 Each term holds for every allocation with data nodes D, path choice and processing order, so
 the least value over the sets bounds every plan.
@@ -31,6 +34,7 @@ import math
 import numpy as np
 
 from skippipe.bounds import trip_floor
+from skippipe.planner.dear_schedule import DearSchedules, dear_schedule_floor
 from skippipe.planner.problem import Problem, shared_caps
 from skippipe.planner.set_trips import SetTrips
 from skippipe.serial_floor import serial_trip_floor
@@ -139,6 +143,8 @@ class SetFloor:
         self.m = w.microbatches_per_data_node
         self.visits = int(problem.stage_sizes[0]) * self.m * (w.path_length - 1)
         n = problem.n
+        self.schedules = DearSchedules(problem)
+        self.at_least = 0.0  # a floor of the problem already (the capacity floor): no set need go below
         self.slow = np.full((n, n), math.inf)
         for d in range(n):
             for x in range(n):
@@ -148,12 +154,17 @@ class SetFloor:
     def _chains(self, d: int) -> int:
         return max(1, min(int(self.mem[d]), self.m))
 
-    def value(self, data: tuple[int, ...], cutoff: float = math.inf) -> float:
-        """The floor of the set ``data`` (stops early at ``cutoff``)."""
+    def value(self, data: tuple[int, ...], cutoff: float = math.inf, schedules: bool = True) -> float:
+        """The floor of the set ``data`` (stops early at ``cutoff``; the dear schedules, the
+        costliest term, only with ``schedules``)."""
         val = self.spread(data, cutoff)
         if val < cutoff:
             val = max(val, self.dear(data))
-        return max(val, self.apart(data, cutoff)) if self.set_trips is not None and val < cutoff else val
+        if self.set_trips is not None and val < cutoff:
+            val = max(val, self.apart(data, cutoff))
+        if schedules and self.set_trips is not None and val < cutoff:
+            val = max(val, self.dear_schedules(data, val, cutoff))
+        return val
 
     def must_visit(self, data: tuple[int, ...]) -> np.ndarray:
         """The nodes outside ``data`` that some microbatch must visit: the others' TC1 caps
@@ -186,6 +197,16 @@ class SetFloor:
         chains = np.array([self._chains(d) for d in idx])
         return dear_visits_floor(self.ra[np.ix_(idx, others)], self.r0[idx], chains, caps, self.visits, self.m,
                                  self.problem.workload.path_length - 1, self.problem.cost_model.op_gap_s)
+
+    def dear_schedules(self, data: tuple[int, ...], floor_so_far: float = 0.0, cutoff: float = math.inf) -> float:
+        """The floor of the set from its data nodes' own schedules with the dear trips their
+        microbatches must take (``dear_schedule.dear_schedule_floor``; 0 where it cannot raise
+        ``floor_so_far``; stops at ``cutoff``)."""
+        idx = list(data)
+        others, caps = self._others_and_caps(data)
+        through = self.ra[np.ix_(idx, others)].min(axis=0)
+        return dear_schedule_floor(self.schedules, data, others, caps, through, self.visits,
+                                   max(floor_so_far, self.at_least), cutoff)
 
     def apart(self, data: tuple[int, ...], cutoff: float = math.inf) -> float:
         """The floor of the set with round trips kept off its other data nodes (solved

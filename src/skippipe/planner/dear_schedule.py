@@ -1,0 +1,369 @@
+"""The floor of a data-node set from its data nodes' own schedules when some microbatches must
+take dear trips (for ``set_floor.SetFloor``; torch-free).
+
+``serial_floor.serial_trip_floor`` solves a data node's own operations (injection, loss, final
+backward, one at a time, at most k microbatches out) with every microbatch away for at least
+the fastest time out and time back. ``set_floor.dear_visits_floor`` counts how many
+microbatches the TC1 caps force onto dear nodes, but as whole round trips on slot chains,
+without the data node's own work between them. This term does both at once:
+
+- for a set D, take any set C of *cheap* nodes outside D (here: the nodes in order of their
+  fastest round trip from D, every prefix). The nodes of C take at most their TC1 caps, so at
+  least V = visits - caps(C) visits land on the other nodes, the *dear* ones;
+- a microbatch of d visits L-1 distinct nodes outside D (stage 0 holds only the data nodes,
+  and a path visits it only at its own one, CC2), so it is of one of three kinds: no dear
+  visit, one, or two or more (at most ``top`` = min(L-1, dear nodes) of them). Each kind is
+  away at least the least time out and the least time back over the node tuples of its kind
+  (d's tuples: every L-1 distinct nodes outside D, in any order, a relaxation of the stage
+  rules), lowered so that the kinds' times do not decrease with the dear visits;
+- with a1 microbatches of the second kind and a2 of the third, d finishes no sooner than its
+  own schedule with those lags (``kinds_schedule``, solved like ``serial_trip_floor``: the
+  microbatches of one kind are alike, so each kind's operations may be taken first in, first
+  out), and the microbatches of D cover at least V dear visits: the sum over d of
+  a1 + top x a2 is at least V;
+- so the least T at which every d can take a share (a1, a2) with a finish at most T, the
+  shares covering V, bounds every plan with data nodes D; the term is the largest over the
+  prefixes C.
+
+Each question "can d finish before T with this share?" is a search with T as its cutoff that
+stops at the first schedule below T. Finishes never decrease when a lag grows, so an answer
+found under longer lags (a yes) or shorter ones (a no) is reused; the lags are rounded down to
+``LAG_QUANTUM_S`` and T to ``RESOLUTION_S`` so that sets and prefixes ask the same questions.
+Everything is counted in search steps and look-ups, never timed: a search stops at
+``MAX_STEPS`` and the term at ``BUDGET_STEPS`` over every set of a problem (then every
+question is answered yes, which keeps the floor valid), and the term is skipped where a set's
+tuples are more than ``MAX_SET_TUPLES``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from skippipe.planner.problem import Problem
+
+MAX_STEPS = 30_000  # search steps of one schedule at most
+MAX_SET_TUPLES = 60_000  # node tuples of one data-node set at most (else the term is skipped)
+RESOLUTION_S = 0.05  # the finishes asked about are multiples of this
+LAG_QUANTUM_S = 0.05  # lags rounded down to this, so that answers are reused
+MAX_FINISH_S = 1e7  # the least cover is not searched beyond this (the term then gives it)
+BUDGET_STEPS = 600_000  # search steps and look-ups over every set of one problem at most (about 4 s of CPU)
+
+Kind = tuple[int, float, float]  # (microbatches, least time out, least time back)
+
+
+def kinds_schedule(
+    forward: float, kinds: list[Kind], slots: int, loss_factor: float, backward_factor: float,
+    inject_gap: float, op_gap: float, cutoff: float = math.inf, max_steps: int = MAX_STEPS,
+    first_below: bool = False,
+) -> tuple[float, int]:
+    """(a lower bound on the least finish of the data node's own operations, search steps).
+
+    The bound is exact when below ``cutoff``; otherwise it is at least ``cutoff`` or, where the
+    search needs more than ``max_steps`` steps, the root's bound. inf where a kind with
+    microbatches has an infinite lag (no such trip). With ``first_below`` the search stops at
+    the first schedule that finishes before ``cutoff`` and gives that finish (then an upper
+    bound, below ``cutoff``)."""
+    merged: dict[tuple[float, float], int] = {}
+    for c, o, b in kinds:  # kinds with the same lags are one kind (first in, first out within it)
+        if c > 0:
+            merged[(o, b)] = merged.get((o, b), 0) + c
+    kinds = [(c, o, b) for (o, b), c in merged.items()]
+    m = sum(c for c, _, _ in kinds)
+    if m == 0:
+        return 0.0, 0
+    if any(not (math.isfinite(o) and math.isfinite(b)) for _, o, b in kinds):
+        return math.inf, 0
+    K = len(kinds)
+    k = max(1, min(int(slots), m))
+    f, loss, bwd = forward, loss_factor * forward, backward_factor * forward
+    step_f, step_l, step_b = f + inject_gap, loss + op_gap, bwd + op_gap
+    count = [c for c, _, _ in kinds]
+    out_lag = [o for _, o, _ in kinds]
+    back_lag = [b for _, _, b in kinds]
+    after_f = [f + o + loss + b + bwd for _, o, b in kinds]  # injection start -> its final backward's end
+    after_l = [loss + b + bwd for _, _, b in kinds]  # loss start -> its final backward's end
+    least_release = f + min(o for _, o, _ in kinds) + loss + min(b for _, _, b in kinds)  # injection -> slot free
+    inject = [[0.0] * c for c in count]
+    losses = [[0.0] * c for c in count]
+    n_f, n_l, n_b = [0] * K, [0] * K, [0] * K
+    best = cutoff
+    steps = 0
+
+    rel_loss = [loss + b for b in back_lag]  # loss start -> its final backward may start
+    rel_inject = [f + o + loss + b for o, b in zip(out_lag, back_lag)]  # injection start -> the same
+    kind_range = range(K)
+
+    def bound(free: float, finish: float, done_f: int, done_l: int, done_b: int) -> float:
+        value = free + (m - done_f) * step_f + (m - done_l) * step_l + (m - done_b) * step_b - op_gap
+        if finish > value:
+            value = finish
+        least = math.inf  # the least trip of a microbatch not yet injected
+        for i in kind_range:
+            nf, nl, nb = n_f[i], n_l[i], n_b[i]
+            if nf < count[i] and after_f[i] < least:
+                least = after_f[i]
+            if nf > nl and inject[i][nl] + after_f[i] > value:
+                value = inject[i][nl] + after_f[i]
+            if nl > nb and losses[i][nb] + after_l[i] > value:
+                value = losses[i][nb] + after_l[i]
+        if done_f < m and free + (m - done_f - 1) * step_f + least > value:
+            value = free + (m - done_f - 1) * step_f + least
+        need = m - k - done_b  # slots the last injection waits for (those out now and k free)
+        if need > 0:  # freed by final backwards, one at a time, no sooner than their trips allow
+            left = m - done_f
+            releases = [free + t * step_f + least_release for t in range(left)]
+            for i in kind_range:
+                releases += [x + rel_loss[i] for x in losses[i][n_b[i]:n_l[i]]]
+                releases += [x + rel_inject[i] for x in inject[i][n_l[i]:n_f[i]]]
+            releases.sort()
+            freed = free - step_b
+            for j in range(need):
+                freed = max(releases[j], freed + step_b)
+            # before it the machine runs the other injections, those backwards and their losses
+            work = free + (left - 1) * step_f + need * step_b + max(0, need - (done_l - done_b)) * step_l
+            value = max(value, max(work, freed + step_b) + least)
+        return value
+
+    seen: dict[tuple, list[tuple[float, ...]]] = {}
+
+    def dominated(free: float, finish: float) -> bool:
+        """Has a state with the same operations done been reached with every time no later (the
+        machine free, the finish, each microbatch out's injection or loss)? Then this one cannot
+        finish sooner. Otherwise it is recorded."""
+        key = (*n_f, *n_l, *n_b)
+        times = [free, finish]
+        for i in range(K):
+            times += inject[i][n_l[i]:n_f[i]]
+            times += losses[i][n_b[i]:n_l[i]]
+        stored = seen.setdefault(key, [])
+        for other in stored:
+            if all(a <= b + 1e-12 for a, b in zip(other, times)):
+                return True
+        stored.append(tuple(times))
+        return False
+
+    def search(free: float, finish: float, done_f: int, done_l: int, done_b: int) -> None:
+        nonlocal best, steps
+        steps += 1
+        if steps > max_steps or (first_below and best < cutoff):
+            return
+        if done_b == m:
+            best = min(best, finish)
+            return
+        if bound(free, finish, done_f, done_l, done_b) >= best - 1e-12 or dominated(free, finish):
+            return
+        for i in range(K):  # the oldest microbatch of a kind back from its trip runs its final backward
+            if n_l[i] > n_b[i]:
+                start = max(free, losses[i][n_b[i]] + loss + back_lag[i])
+                n_b[i] += 1
+                search(start + step_b, max(finish, start + bwd), done_f, done_l, done_b + 1)
+                n_b[i] -= 1
+        for i in range(K):  # the oldest one of a kind out runs its loss
+            if n_f[i] > n_l[i]:
+                losses[i][n_l[i]] = max(free, inject[i][n_l[i]] + f + out_lag[i])
+                n_l[i] += 1
+                search(losses[i][n_l[i] - 1] + step_l, finish, done_f, done_l + 1, done_b)
+                n_l[i] -= 1
+        if done_f - done_b < k:  # a new injection, into a free slot
+            for i in range(K):
+                if n_f[i] < count[i]:
+                    inject[i][n_f[i]] = free
+                    n_f[i] += 1
+                    search(free + step_f, finish, done_f + 1, done_l, done_b)
+                    n_f[i] -= 1
+
+    root = bound(0.0, 0.0, 0, 0, 0)
+    search(0.0, 0.0, 0, 0, 0)
+    if steps > max_steps:
+        return min(root, cutoff), steps
+    return best, steps
+
+
+@dataclass
+class DearSchedules:
+    """``dear_schedule_floor`` for the sets of one problem: what the searches found (for each
+    data node's speed, slots and share of kinds: lags under which the finish is below some T,
+    and lags under which it is not) and a budget of search steps and look-ups over every set
+    (``budget``; once spent, every question is answered yes, which keeps the floor valid)."""
+
+    problem: Problem
+    budget: int = field(default_factory=lambda: BUDGET_STEPS)
+    spent: int = 0
+    known: dict = field(default_factory=dict)  # (speed, slots, share, lags) -> [lb, ub]
+    found: dict = field(default_factory=dict)  # (speed, slots, share) -> ([(lags, ub)], [(lags, lb)])
+    covered: dict = field(default_factory=dict)  # (speed, slots, kinds' lags, top, T) -> ``_most_covered``
+    hint: int | None = None  # the prefix that decided the last set
+
+    def below(self, d: int, shares: tuple[int, int, int], lags: tuple, T: float) -> bool:
+        """Can d's own operations, with ``shares`` microbatches of the three kinds, finish before T?
+
+        A finish never decreases when a lag grows, so an answer found under other lags answers
+        this one where those lags are all at least these (a yes) or all at most (a no). The lags
+        come rounded down to ``LAG_QUANTUM_S`` (``_kind_lags``)."""
+        p, cm = self.problem, self.problem.cost_model
+        flat = tuple(x if c else 0.0 for c, lag in zip(shares, lags) for x in lag)
+        forward, slots = float(p.forward_s[d]), max(1, min(int(p.memory[d]), sum(shares)))
+        self.spent += 1
+        bounds = self.known.setdefault((forward, slots, shares, flat), [0.0, math.inf])
+        if bounds[1] < T:
+            return True
+        if bounds[0] >= T:
+            return False
+        yes, no = self.found.setdefault((forward, slots, shares), ([], []))
+        self.spent += len(yes) + len(no)
+        if any(ub < T and all(a >= b for a, b in zip(other, flat)) for other, ub in yes):
+            return True
+        if any(lb >= T and all(a <= b for a, b in zip(other, flat)) for other, lb in no):
+            return False
+        if self.spent > self.budget:
+            return True  # not searched: a yes keeps the floor valid
+        kinds = [(c, flat[2 * i], flat[2 * i + 1]) for i, c in enumerate(shares)]
+        value, steps = kinds_schedule(forward, kinds, slots, cm.loss_factor, cm.backward_factor, cm.inject_gap_s,
+                                      cm.op_gap_s, T, first_below=True)
+        self.spent += steps
+        if steps > MAX_STEPS:
+            return True
+        if value < T:
+            bounds[1] = value
+            yes.append((flat, value))
+            return True
+        bounds[0] = max(bounds[0], T)
+        no.append((flat, T))
+        return False
+
+
+def _tuple_lags(problem: Problem, d: int, tuples: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Time out and time back of d's microbatches over each node tuple (as ``floors._enumerated_trips``)."""
+    t = np.asarray(problem.transfer_s, dtype=float)
+    f = np.asarray(problem.forward_s, dtype=float)
+    b = f * problem.cost_model.backward_factor
+    hops = tuples.shape[1]
+    first, last = tuples[:, 0], tuples[:, -1]
+    out = t[d, first] + f[tuples].sum(axis=1) + t[last, d]
+    back = t[d, last] + b[tuples].sum(axis=1) + t[first, d]
+    for i in range(hops - 1):
+        out = out + t[tuples[:, i], tuples[:, i + 1]]
+        back = back + t[tuples[:, i + 1], tuples[:, i]]
+    return out, back
+
+
+def _kind_lags(out: np.ndarray, back: np.ndarray, dear_count: np.ndarray, top: int) -> tuple:
+    """((out, back) of the kinds no / one / two or more dear visits), the least over their tuples,
+    lowered so that they do not decrease from one kind to the next."""
+    lags = []
+    for sel in (dear_count == 0, dear_count == 1, dear_count >= 2 if top >= 2 else np.zeros_like(dear_count, bool)):
+        lags.append((float(out[sel].min()) if sel.any() else math.inf, float(back[sel].min()) if sel.any() else math.inf))
+    for i in (1, 0):  # a kind's lags at most the next kind's: more dear visits never lower a finish
+        lags[i] = (min(lags[i][0], lags[i + 1][0]), min(lags[i][1], lags[i + 1][1]))
+    # rounded down (a shorter lag never delays a finish), so sets with nearly the same trips
+    # ask the same questions
+    return tuple(tuple(math.floor(x / LAG_QUANTUM_S) * LAG_QUANTUM_S if math.isfinite(x) else x for x in lag)
+                 for lag in lags)
+
+
+def dear_schedule_floor(ds: DearSchedules, data: tuple[int, ...], others: np.ndarray, caps: np.ndarray,
+                        through: np.ndarray, visits: int, floor_so_far: float, cutoff: float = math.inf) -> float:
+    """The term of the module text for the set ``data`` (0 where it is skipped or cannot raise
+    ``floor_so_far``; ``cutoff`` where it is at least that). ``others``: the nodes outside the set,
+    with TC1 caps ``caps`` and fastest round trip from the set ``through`` (the order the cheap
+    prefixes are taken in)."""
+    p = ds.problem
+    m, pv = p.workload.microbatches_per_data_node, p.workload.path_length - 1
+    if pv <= 0 or visits <= 0 or math.perm(len(others), pv) > MAX_SET_TUPLES or ds.spent > ds.budget:
+        return 0.0
+    tuples = np.array(list(itertools.permutations(others.tolist(), pv)), dtype=int)
+    if not len(tuples):
+        return 0.0
+    lags = {d: _tuple_lags(p, d, tuples) for d in data}
+    order = np.argsort(through, kind="stable")
+    cost = through[order]
+    dear_visits = visits - np.concatenate([[0], np.cumsum(caps[order])[:-1]])
+    value = 0.0
+    levels = list(range(1, len(order)))
+    if ds.hint in levels:  # the prefix that decided the last set first: it often decides this one
+        levels.remove(ds.hint)
+        levels.insert(0, ds.hint)
+    for j in levels:
+        V = int(dear_visits[j])
+        if V <= 0 or not math.isfinite(cost[j]) or cost[j] == cost[j - 1] or ds.spent > ds.budget:
+            continue
+        top = min(pv, len(order) - j)
+        if V > len(data) * m * top:
+            return math.inf  # a microbatch visits a node at most once: no plan has these data nodes
+        dear = np.zeros(p.n, dtype=bool)
+        dear[others[order[j:]]] = True
+        dear_count = dear[tuples].sum(axis=1)
+        kind_lags = {d: _kind_lags(*lags[d], dear_count, top) for d in data}
+        at_cutoff = math.floor(cutoff / RESOLUTION_S) if cutoff < math.inf else None
+        if at_cutoff is not None and not _covers(ds, data, kind_lags, m, top, V, at_cutoff):
+            ds.hint = j
+            return at_cutoff * RESOLUTION_S  # not below the best set: enough
+        level = math.floor(max(value, floor_so_far) / RESOLUTION_S)
+        if _covers(ds, data, kind_lags, m, top, V, level):
+            continue  # the data nodes can take the dear visits before ``level``: nothing to raise
+        ds.hint = j
+        value = max(value, _least_cover(ds, data, kind_lags, m, top, V, level, at_cutoff) * RESOLUTION_S)
+    return value
+
+
+def _most_covered(ds: DearSchedules, d: int, lags: tuple, m: int, top: int, T: float) -> int:
+    """The most dear visits d can take with a finish below T (-1 when none): the largest
+    a1 + top x a2 over the shares whose finish is below T. Finishes do not decrease with a1 or
+    a2, so the shares below T form a staircase, walked with a2 up and a1 down."""
+    key = (float(ds.problem.forward_s[d]), int(ds.problem.memory[d]), lags, top, T)
+    if key not in ds.covered:
+        ds.covered[key] = _walk_staircase(ds, d, lags, m, top, T)
+    return ds.covered[key]
+
+
+def _walk_staircase(ds: DearSchedules, d: int, lags: tuple, m: int, top: int, T: float) -> int:
+    """``_most_covered``, searched."""
+    most, a1 = -1, m
+    for a2 in range(m + 1):
+        a1 = min(a1, m - a2)
+        while a1 >= 0 and not ds.below(d, (m - a1 - a2, a1, a2), lags, T):
+            a1 -= 1
+        if a1 < 0:
+            break
+        most = max(most, a1 + top * a2)
+    return most
+
+
+def _covers(ds: DearSchedules, data, kind_lags, m: int, top: int, V: int, at: int) -> bool:
+    """Can every data node take a share finishing before T = ``at`` x ``RESOLUTION_S``, the
+    shares covering V visits? (T on that grid, so that the sets and prefixes ask the same
+    questions and the answers are looked up.)"""
+    T = at * RESOLUTION_S
+    total = 0
+    for d in data:
+        most = _most_covered(ds, d, kind_lags[d], m, top, T)
+        if most < 0:
+            return False
+        total += most
+    return total >= V
+
+
+def _least_cover(ds: DearSchedules, data, kind_lags, m: int, top: int, V: int, level: int,
+                 covered: int | None = None) -> int:
+    """The largest T found (in steps of ``RESOLUTION_S``, by doubling, then bisection) at which
+    the data nodes cannot take the dear visits, given that they cannot at ``level`` and can at
+    ``covered``: no plan with these data nodes finishes before it."""
+    lo = level  # not covered at lo
+    step = max(1, covered - lo if covered is not None else math.ceil(0.02 * lo))
+    while not _covers(ds, data, kind_lags, m, top, V, lo + step):
+        lo += step
+        step *= 2
+        if lo * RESOLUTION_S > MAX_FINISH_S or ds.spent > ds.budget:
+            return lo
+    hi = lo + step  # covered at hi
+    while hi - lo > 1 and ds.spent <= ds.budget:
+        mid = (lo + hi) // 2
+        if _covers(ds, data, kind_lags, m, top, V, mid):
+            hi = mid
+        else:
+            lo = mid
+    return lo
