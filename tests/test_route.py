@@ -336,7 +336,8 @@ def test_free_allocation_floor_of_the_current_instance_is_above_the_target():
 
     problem = build_problem(load_cluster("gcp20-current-free"), reference_problem("current").workload)
     floor = free_allocation_floor(problem)
-    assert floor.exhaustive and floor.value == pytest.approx(54.598, abs=0.005)
+    # 54.60 s before the data nodes' own schedules with the dear trips counted (2026-11-28)
+    assert floor.exhaustive and floor.value == pytest.approx(55.438, abs=0.005)
     assert floor.value > 0.70 * 77.72
 
 

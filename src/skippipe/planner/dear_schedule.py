@@ -32,7 +32,8 @@ found under longer lags (a yes) or shorter ones (a no) is reused; the lags are r
 Everything is counted in search steps and look-ups, never timed: a search stops at
 ``MAX_STEPS`` and the term at ``BUDGET_STEPS`` over every set of a problem (then every
 question is answered yes, which keeps the floor valid), and the term is skipped where a set's
-tuples are more than ``MAX_SET_TUPLES``.
+problem's node tuples are more than ``MAX_TUPLES`` (each set costs the budget its tuples'
+share of ``TUPLES_PER_STEP``).
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ import numpy as np
 from skippipe.planner.problem import Problem
 
 MAX_STEPS = 30_000  # search steps of one schedule at most
-MAX_SET_TUPLES = 60_000  # node tuples of one data-node set at most (else the term is skipped)
+MAX_TUPLES = 200_000  # node tuples (L-1 distinct nodes in order) of a problem at most (else no term)
+TUPLES_PER_STEP = 50  # a set's tuples x data nodes count this many to one step of the budget
 RESOLUTION_S = 0.05  # the finishes asked about are multiples of this
 LAG_QUANTUM_S = 0.05  # lags rounded down to this, so that answers are reused
 MAX_FINISH_S = 1e7  # the least cover is not searched beyond this (the term then gives it)
@@ -197,6 +199,14 @@ class DearSchedules:
     found: dict = field(default_factory=dict)  # (speed, slots, share) -> ([(lags, ub)], [(lags, lb)])
     covered: dict = field(default_factory=dict)  # (speed, slots, kinds' lags, top, T) -> ``_most_covered``
     hint: int | None = None  # the prefix that decided the last set
+    tuples: np.ndarray | None = None  # every L-1 distinct nodes in order (made on first use)
+    lags: dict = field(default_factory=dict)  # d -> (time out, time back) over ``tuples``
+
+    def lags_of(self, d: int) -> tuple[np.ndarray, np.ndarray]:
+        """Time out and time back of d's microbatches over every tuple (tuples through d too)."""
+        if d not in self.lags:
+            self.lags[d] = _tuple_lags(self.problem, d, self.tuples)
+        return self.lags[d]
 
     def below(self, d: int, shares: tuple[int, int, int], lags: tuple, T: float) -> bool:
         """Can d's own operations, with ``shares`` microbatches of the three kinds, finish before T?
@@ -273,12 +283,18 @@ def dear_schedule_floor(ds: DearSchedules, data: tuple[int, ...], others: np.nda
     prefixes are taken in)."""
     p = ds.problem
     m, pv = p.workload.microbatches_per_data_node, p.workload.path_length - 1
-    if pv <= 0 or visits <= 0 or math.perm(len(others), pv) > MAX_SET_TUPLES or ds.spent > ds.budget:
+    if pv <= 0 or visits <= 0 or math.perm(p.n, pv) > MAX_TUPLES or ds.spent > ds.budget:
         return 0.0
-    tuples = np.array(list(itertools.permutations(others.tolist(), pv)), dtype=int)
+    if ds.tuples is None:
+        ds.tuples = np.array(list(itertools.permutations(range(p.n), pv)), dtype=np.int32).reshape(-1, pv)
+    in_set = np.zeros(p.n, dtype=bool)
+    in_set[list(data)] = True
+    keep = ~in_set[ds.tuples].any(axis=1)  # a path visits stage 0 only at its own data node (CC2)
+    tuples = ds.tuples[keep]
     if not len(tuples):
         return 0.0
-    lags = {d: _tuple_lags(p, d, tuples) for d in data}
+    ds.spent += len(tuples) * len(data) // TUPLES_PER_STEP
+    lags = {d: tuple(x[keep] for x in ds.lags_of(d)) for d in data}
     order = np.argsort(through, kind="stable")
     cost = through[order]
     dear_visits = visits - np.concatenate([[0], np.cumsum(caps[order])[:-1]])

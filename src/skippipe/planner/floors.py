@@ -31,9 +31,10 @@ up to ``neighbour_floor.MAX_NODES``, ``neighbour_floor`` (each data node's round
 who visits whom, must fit its own slots); then ``slot_energy_floor`` (the visits' slots over
 every stretch of time, where a data node's microbatches are out at once).
 It is exact reasoning on relaxed round trips, so it is valid for every allocation, path choice
-and processing order the simulator runs. On the current-code reference network it is 54.60 s:
-remote nodes (Australia) must carry 6 microbatches each, and no data node can both run its own
-trips fast and take one through Australia.
+and processing order the simulator runs. On the current-code reference network it is 55.44 s:
+remote nodes (Australia) must carry 6 microbatches each, no data node can both run its own
+trips fast and take one through Australia (54.60 s), and the data nodes whose microbatches go
+far run their own work between those trips (``dear_schedule``).
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ from skippipe.costs import CostModel
 from skippipe.errors import UserError
 from skippipe.planfile import Plan
 from skippipe.planner.cycle_trips import solvable, trip_terms
+from skippipe.planner.dear_schedule import RESOLUTION_S
 from skippipe.planner.neighbour_floor import neighbour_floor
 from skippipe.planner.problem import Problem, build_problem
 from skippipe.planner.relaxed_floors import capacity_floor, relaxed_lags, relaxed_round_trips, round_trip_terms
@@ -183,22 +185,23 @@ def free_allocation_floor(problem: Problem, max_sets: int = 200_000, max_tuples:
     if 0 < path_count(problem) <= MAX_PATHS and math.comb(n, D) <= ROUTED_SETS:
         best = _routed(problem, sets)
     else:
-        best = _least_set(sets, D, cap, schedules=False)
-        if best[1] and best[0] > cap and sets.dear_schedules(best[1], best[0]) > best[0]:
-            best = _least_set(sets, D, cap)  # the dear schedules raise the least set: every set again
+        best = _least_set(sets, D, cap)
+        if (best[1] and best[0] > cap and math.comb(n, D) <= ROUTED_SETS
+                and sets.dear_schedules(best[1], best[0]) > best[0]):
+            best = _routed(problem, sets, routing=False)  # the dear schedules raise the least set
     value, slot_time, neighbour, energy = _programme_floors(problem, sets.tf, max(cap, best[0]))
     return FreeFloor(value, tuple(int(x) for x in best[1]), True, exact, cap, solved_trips=solved,
                      slot_time_s=slot_time, neighbour_s=neighbour, slot_energy_s=energy)
 
 
-def _least_set(sets: SetFloor, D: int, cap: float, schedules: bool = True) -> tuple[float, tuple[int, ...]]:
-    """The least floor over the data-node sets of size D, and a set attaining it (stops at the
-    capacity floor ``cap``, which decides then); ``schedules``: with ``SetFloor.dear_schedules``."""
+def _least_set(sets: SetFloor, D: int, cap: float) -> tuple[float, tuple[int, ...]]:
+    """The least floor over the data-node sets of size D without the dear schedules, and a set
+    attaining it (stops at the capacity floor ``cap``, which decides then)."""
     best: tuple[float, tuple[int, ...]] = (math.inf, ())
     by_floor = [int(x) for x in np.argsort(sets.tf, kind="stable")]  # low floors first: a low best early
     for chosen in itertools.combinations(by_floor, D):
         data = tuple(sorted(chosen))
-        val = sets.value(data, best[0], schedules)
+        val = sets.value(data, best[0], schedules=False)
         if val < best[0]:
             best = (val, data)
         if best[0] <= cap:
@@ -241,29 +244,38 @@ def _trip_floors(
     return tf, r0, ra, out, back, set_trips
 
 
-def _routed(problem: Problem, sets: SetFloor) -> tuple[float, tuple[int, ...]]:
+def _routed(problem: Problem, sets: SetFloor, routing: bool = True) -> tuple[float, tuple[int, ...]]:
     """The least floor over the data-node sets, best first: the set with the least floor so far
     is raised by ``SetFloor.dear`` (the dear trips it must take), then by ``SetFloor.apart``
-    (round trips off the other data nodes), then by
+    (round trips off the other data nodes), then by ``SetFloor.dear_schedules`` (the data
+    nodes' own schedules with those trips) and, with ``routing``, by
     ``routed_floor.routed_set_floor`` (at most ``ROUTED_SOLVES`` programmes of ``ROUTED_WORK``
     variables in all), and is the answer once it cannot be raised further (every other set's
-    floor is at least as high)."""
+    floor is at least as high). The dear schedules of a set are searched only up to the least
+    floor of a set raised through every step (a set at least that high cannot be the answer),
+    and once their budget is spent they raise nothing: the sets raised so far keep their floors."""
     D = int(problem.stage_sizes[0])
     # (floor, -steps, set): among equal floors the most raised set comes first
     heap = [(sets.spread(data), 0, data) for data in itertools.combinations(range(problem.n), D)]
     heapq.heapify(heap)
-    solves = min(ROUTED_SOLVES, ROUTED_WORK // path_count(problem))
+    solves = min(ROUTED_SOLVES, ROUTED_WORK // path_count(problem)) if routing else 0
+    least_raised = math.inf  # the least floor of a set raised through every step so far
     while heap:
         val, step, data = heapq.heappop(heap)
         if step == 0:
             heapq.heappush(heap, (max(val, sets.dear(data)), -1, data))
         elif step == -1 and sets.set_trips is not None:
             heapq.heappush(heap, (max(val, sets.apart(data)), -2, data))
-        elif step == -2:
-            heapq.heappush(heap, (max(val, sets.dear_schedules(data, val)), -3, data))
-        elif step > -4 and solves > 0:
+        elif step > -3:
+            val = max(val, sets.dear_schedules(data, val, least_raised + 2 * RESOLUTION_S))
+            if solves <= 0:
+                least_raised = min(least_raised, val)
+            heapq.heappush(heap, (val, -3, data))
+        elif step == -3 and solves > 0:
             solves -= 1
-            heapq.heappush(heap, (max(val, routed_set_floor(problem, data, sets.tf)), -4, data))
+            val = max(val, routed_set_floor(problem, data, sets.tf))
+            least_raised = min(least_raised, val)
+            heapq.heappush(heap, (val, -4, data))
         else:
             return val, data
     return math.inf, ()

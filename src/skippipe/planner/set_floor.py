@@ -34,8 +34,9 @@ import math
 import numpy as np
 
 from skippipe.bounds import trip_floor
-from skippipe.planner.dear_schedule import DearSchedules, dear_schedule_floor
+from skippipe.planner.dear_schedule import RESOLUTION_S, DearSchedules, dear_schedule_floor
 from skippipe.planner.problem import Problem, shared_caps
+from skippipe.planner.routing.sequences import node_classes
 from skippipe.planner.set_trips import SetTrips
 from skippipe.serial_floor import serial_trip_floor
 
@@ -144,6 +145,8 @@ class SetFloor:
         self.visits = int(problem.stage_sizes[0]) * self.m * (w.path_length - 1)
         n = problem.n
         self.schedules = DearSchedules(problem)
+        self._classes: np.ndarray | None = None  # ``node_classes``, for the dear schedules
+        self._found: dict[tuple[int, ...], tuple[float, float, float]] = {}  # classes -> (value, floor, cutoff)
         self.at_least = 0.0  # a floor of the problem already (the capacity floor): no set need go below
         self.slow = np.full((n, n), math.inf)
         for d in range(n):
@@ -201,12 +204,24 @@ class SetFloor:
     def dear_schedules(self, data: tuple[int, ...], floor_so_far: float = 0.0, cutoff: float = math.inf) -> float:
         """The floor of the set from its data nodes' own schedules with the dear trips their
         microbatches must take (``dear_schedule.dear_schedule_floor``; 0 where it cannot raise
-        ``floor_so_far``; stops at ``cutoff``)."""
+        ``floor_so_far``; stops at ``cutoff``). Sets that differ only by interchangeable nodes
+        (``node_classes``: swapping them changes no cost) have the same floor, found once."""
+        if self._classes is None:
+            p = self.problem
+            self._classes = node_classes(p.transfer_s, p.forward_s, p.memory)
+        key = tuple(sorted(int(self._classes[d]) for d in data))
+        floor_so_far = max(floor_so_far, self.at_least)
+        if key in self._found:  # a lower bound of this set whatever it was asked with
+            value, asked_floor, asked_cutoff = self._found[key]
+            if (value >= floor_so_far or asked_floor <= floor_so_far) and (value < asked_cutoff or cutoff <= asked_cutoff):
+                return value
         idx = list(data)
         others, caps = self._others_and_caps(data)
         through = self.ra[np.ix_(idx, others)].min(axis=0)
-        return dear_schedule_floor(self.schedules, data, others, caps, through, self.visits,
-                                   max(floor_so_far, self.at_least), cutoff)
+        value = dear_schedule_floor(self.schedules, data, others, caps, through, self.visits, floor_so_far, cutoff)
+        stopped_at = math.floor(cutoff / RESOLUTION_S) * RESOLUTION_S if cutoff < math.inf else math.inf
+        self._found[key] = (value, floor_so_far, stopped_at)
+        return value
 
     def apart(self, data: tuple[int, ...], cutoff: float = math.inf) -> float:
         """The floor of the set with round trips kept off its other data nodes (solved
