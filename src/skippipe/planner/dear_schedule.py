@@ -47,6 +47,7 @@ import numpy as np
 from skippipe.planner.problem import Problem
 
 MAX_STEPS = 30_000  # search steps of one schedule at most
+MAX_KEPT_STATES = 12  # states kept per set of operations done, to cut later states they dominate
 MAX_TUPLES = 200_000  # node tuples (L-1 distinct nodes in order) of a problem at most (else no term)
 TUPLES_PER_STEP = 50  # a set's tuples x data nodes count this many to one step of the budget
 RESOLUTION_S = 0.05  # the finishes asked about are multiples of this
@@ -145,7 +146,8 @@ def kinds_schedule(
         for other in stored:
             if all(a <= b + 1e-12 for a, b in zip(other, times)):
                 return True
-        stored.append(tuple(times))
+        if len(stored) < MAX_KEPT_STATES:
+            stored.append(tuple(times))
         return False
 
     def search(free: float, finish: float, done_f: int, done_l: int, done_b: int) -> None:
