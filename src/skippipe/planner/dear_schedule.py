@@ -31,9 +31,9 @@ found under longer lags (a yes) or shorter ones (a no) is reused; the lags are r
 ``LAG_QUANTUM_S`` and T to ``RESOLUTION_S`` so that sets and prefixes ask the same questions.
 Everything is counted in search steps and look-ups, never timed: a search stops at
 ``MAX_STEPS`` and the term at ``BUDGET_STEPS`` over every set of a problem (then every
-question is answered yes, which keeps the floor valid), and the term is skipped where a set's
-problem's node tuples are more than ``MAX_TUPLES`` (each set costs the budget its tuples'
-share of ``TUPLES_PER_STEP``).
+question is answered yes, which keeps the floor valid); each set costs the budget one step per
+``TUPLES_PER_STEP`` tuples x data nodes, and the term is skipped where the problem has more
+than ``MAX_TUPLES`` node tuples.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ counting the TC1 loads. For a set D of data nodes (every set of the stage-0 size
 its fastest round trips, the slow round trip that the TC1 caps force (the cheap nodes cannot
 take every visit), how many dear trips they force on the data nodes' slots, both again with
 the round trips kept off D's other data nodes, and those dear trips with each data node's own
-work between them (``dear_schedule``; where that raises the least set, every set again).
+work between them (``dear_schedule``; the sets raised best first).
 The floor of the problem is the least over D.
 Where the sets and paths are few (``ROUTED_SETS``, ``routed_floor.MAX_PATHS``), the sets with
 the least floors are raised by routing their visits under the TC1 caps
