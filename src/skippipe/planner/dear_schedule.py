@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from skippipe.planner.problem import Problem
+from skippipe.planner.relaxed_floors import tuple_lag_parts
 
 MAX_STEPS = 30_000  # search steps of one schedule at most
 MAX_KEPT_STATES = 12  # states kept per set of operations done, to cut later states they dominate
@@ -202,12 +203,21 @@ class DearSchedules:
     covered: dict = field(default_factory=dict)  # (speed, slots, kinds' lags, top, T) -> ``_most_covered``
     hint: int | None = None  # the prefix that decided the last set
     tuples: np.ndarray | None = None  # every L-1 distinct nodes in order (made on first use)
+    parts: tuple[np.ndarray, np.ndarray] | None = None  # ``tuple_lag_parts`` of ``tuples``
     lags: dict = field(default_factory=dict)  # d -> (time out, time back) over ``tuples``
 
     def lags_of(self, d: int) -> tuple[np.ndarray, np.ndarray]:
-        """Time out and time back of d's microbatches over every tuple (tuples through d too)."""
+        """Time out and time back of d's microbatches over every tuple (tuples through d too),
+        as ``floors._enumerated_trips`` counts them."""
+        if self.tuples is None:
+            pv = self.problem.workload.path_length - 1
+            self.tuples = np.array(list(itertools.permutations(range(self.problem.n), pv)), dtype=np.int32).reshape(-1, pv)
+        if self.parts is None:
+            self.parts = tuple_lag_parts(self.problem, self.tuples)
         if d not in self.lags:
-            self.lags[d] = _tuple_lags(self.problem, d, self.tuples)
+            t = np.asarray(self.problem.transfer_s, dtype=float)
+            first, last = self.tuples[:, 0], self.tuples[:, -1]
+            self.lags[d] = (t[d, first] + self.parts[0] + t[last, d], t[d, last] + self.parts[1] + t[first, d])
         return self.lags[d]
 
     def below(self, d: int, shares: tuple[int, int, int], lags: tuple, T: float) -> bool:
@@ -248,21 +258,6 @@ class DearSchedules:
         return False
 
 
-def _tuple_lags(problem: Problem, d: int, tuples: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Time out and time back of d's microbatches over each node tuple (as ``floors._enumerated_trips``)."""
-    t = np.asarray(problem.transfer_s, dtype=float)
-    f = np.asarray(problem.forward_s, dtype=float)
-    b = f * problem.cost_model.backward_factor
-    hops = tuples.shape[1]
-    first, last = tuples[:, 0], tuples[:, -1]
-    out = t[d, first] + f[tuples].sum(axis=1) + t[last, d]
-    back = t[d, last] + b[tuples].sum(axis=1) + t[first, d]
-    for i in range(hops - 1):
-        out = out + t[tuples[:, i], tuples[:, i + 1]]
-        back = back + t[tuples[:, i + 1], tuples[:, i]]
-    return out, back
-
-
 def _kind_lags(out: np.ndarray, back: np.ndarray, dear_count: np.ndarray, top: int) -> tuple:
     """((out, back) of the kinds no / one / two or more dear visits), the least over their tuples,
     lowered so that they do not decrease from one kind to the next."""
@@ -287,8 +282,7 @@ def dear_schedule_floor(ds: DearSchedules, data: tuple[int, ...], others: np.nda
     m, pv = p.workload.microbatches_per_data_node, p.workload.path_length - 1
     if pv <= 0 or visits <= 0 or math.perm(p.n, pv) > MAX_TUPLES or ds.spent > ds.budget:
         return 0.0
-    if ds.tuples is None:
-        ds.tuples = np.array(list(itertools.permutations(range(p.n), pv)), dtype=np.int32).reshape(-1, pv)
+    lags = {d: ds.lags_of(d) for d in data}  # over every tuple (``ds.tuples``, made on first use)
     in_set = np.zeros(p.n, dtype=bool)
     in_set[list(data)] = True
     keep = ~in_set[ds.tuples].any(axis=1)  # a path visits stage 0 only at its own data node (CC2)
@@ -296,7 +290,7 @@ def dear_schedule_floor(ds: DearSchedules, data: tuple[int, ...], others: np.nda
     if not len(tuples):
         return 0.0
     ds.spent += len(tuples) * len(data) // TUPLES_PER_STEP
-    lags = {d: tuple(x[keep] for x in ds.lags_of(d)) for d in data}
+    lags = {d: (out[keep], back[keep]) for d, (out, back) in lags.items()}
     order = np.argsort(through, kind="stable")
     cost = through[order]
     dear_visits = visits - np.concatenate([[0], np.cumsum(caps[order])[:-1]])

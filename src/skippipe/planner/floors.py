@@ -56,7 +56,13 @@ from skippipe.planner.cycle_trips import solvable, trip_terms
 from skippipe.planner.dear_schedule import RESOLUTION_S
 from skippipe.planner.neighbour_floor import neighbour_floor
 from skippipe.planner.problem import Problem, build_problem
-from skippipe.planner.relaxed_floors import capacity_floor, relaxed_lags, relaxed_round_trips, round_trip_terms
+from skippipe.planner.relaxed_floors import (
+    capacity_floor,
+    relaxed_lags,
+    relaxed_round_trips,
+    round_trip_terms,
+    tuple_lag_parts,
+)
 from skippipe.planner.routed_floor import MAX_PATHS, path_count, routed_set_floor
 from skippipe.planner.set_floor import SetFloor, closed_floor, solved_floor
 from skippipe.planner.set_trips import SetTrips
@@ -114,12 +120,9 @@ def _enumerated_trips(
     if hops <= 0:
         return own + gaps, ra, np.zeros(n), np.zeros(n), trips
     t = np.asarray(problem.transfer_s, dtype=float)
-    f = np.asarray(problem.forward_s, dtype=float)
-    b = f * problem.cost_model.backward_factor
     tuples = np.array(list(itertools.permutations(range(n), hops)), dtype=int)  # P x hops
     inner = visit[tuples].sum(axis=1) + sum(edge[tuples[:, i], tuples[:, i + 1]] for i in range(hops - 1))
-    inner_out = f[tuples].sum(axis=1) + sum(t[tuples[:, i], tuples[:, i + 1]] for i in range(hops - 1))
-    inner_back = b[tuples].sum(axis=1) + sum(t[tuples[:, i + 1], tuples[:, i]] for i in range(hops - 1))
+    inner_out, inner_back = tuple_lag_parts(problem, tuples)
     for d in range(n):
         ok = ~(tuples == d).any(axis=1)
         tup = tuples[ok]

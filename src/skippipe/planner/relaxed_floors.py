@@ -45,6 +45,19 @@ def round_trip_terms(problem: Problem) -> tuple[np.ndarray, np.ndarray, np.ndarr
     return t + t.T, visit, own, cm.inject_gap_s + cm.op_gap_s
 
 
+def tuple_lag_parts(problem: Problem, tuples: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per node tuple (P x hops, visited in order): the time between its first and last node
+    out (their forwards and the hops between them) and back (their backwards and the hops
+    back). A data node's time out and time back add its own hops at both ends."""
+    t = np.asarray(problem.transfer_s, dtype=float)
+    f = np.asarray(problem.forward_s, dtype=float)
+    b = f * problem.cost_model.backward_factor
+    hops = tuples.shape[1]
+    inner_out = f[tuples].sum(axis=1) + sum(t[tuples[:, i], tuples[:, i + 1]] for i in range(hops - 1))
+    inner_back = b[tuples].sum(axis=1) + sum(t[tuples[:, i + 1], tuples[:, i]] for i in range(hops - 1))
+    return inner_out, inner_back
+
+
 def hop_edges(problem: Problem) -> np.ndarray:
     """``round_trip_terms``' edges with no edge from a node to itself (infinite)."""
     edge = round_trip_terms(problem)[0]
