@@ -166,3 +166,72 @@ def test_the_quota_fits_the_stages_and_counts_at_least_the_greedys_chains(n, num
         assert sum(c for seq, c in quota.items() if s in seq) <= len(stages[s])
     sets = groups.private_chain_sets(problem, stages, problem.load_caps(stages), seqs)
     assert all(len(chains) <= sum(quota.values()) for chains in sets)
+
+
+def _uses_each_stage_its_size(windows: list[list[int]], sizes: list[int]) -> bool:
+    counts = [0] * len(sizes)
+    for win in windows:
+        for s in win:
+            counts[s] += 1
+    return counts[1:] == list(sizes[1:]) and counts[0] == 0
+
+
+def test_stage_windows_obey_the_jump_rule_where_the_greedy_does_not():
+    # equal stages 1-8 of ten nodes, L = 5, max_jump 4: the greedy's windows 1-4 and 5-8 make
+    # 0 -> 5, too far (the joint allocation had no groups then); the programme finds valid ones
+    sizes = [20] + [10] * 8
+    windows = joint_groups.stage_windows(sizes, 20, 1, 4)
+    assert windows is not None and len(windows) == 20
+    assert all(path_rule_violation(win, 1, 4) is None and win == sorted(win) for win in windows)
+    assert _uses_each_stage_its_size(windows, sizes)
+    # where the greedy's windows are valid they are kept as they were
+    assert joint_groups.stage_windows([6, 4, 4, 4, 3, 3], 6, 1, 4) == [
+        [1, 2, 3], [1, 2, 3], [1, 4, 5], [2, 3, 4], [1, 2, 5], [3, 4, 5]]
+    # and none where no dealing is valid: three stages each, jumps of one, 4-6 cannot follow 0
+    assert joint_groups.stage_windows([2, 1, 1, 1, 1, 1, 1], 2, 0, 1) is None
+
+
+@settings(max_examples=40, deadline=None)
+@given(num_stages=st.integers(3, 9), groups_=st.integers(1, 12), data=st.data())
+def test_stage_windows_are_valid_paths_that_use_every_stage_its_size(num_stages, groups_, data):
+    k = data.draw(st.integers(1, num_stages - 1))
+    jump = data.draw(st.integers(1, 5))
+    swaps = data.draw(st.integers(0, 2))
+    # stage sizes 1..S-1 summing to groups x k, none above groups
+    sizes = [groups_]
+    left = groups_ * k
+    for s in range(1, num_stages):
+        rest = num_stages - 1 - s
+        low, high = max(0, left - rest * groups_), min(groups_, left)
+        if low > high:
+            return
+        size = data.draw(st.integers(low, high))
+        sizes.append(size)
+        left -= size
+    if left != 0 or min(sizes[1:]) < 1:
+        return
+    windows = joint_groups.stage_windows(sizes, groups_, swaps, jump)
+    if windows is None:
+        return  # no dealing (the programme is exact; the unit test above checks a case with none)
+    assert len(windows) == groups_
+    assert all(len(win) == k and path_rule_violation(win, swaps, jump) is None for win in windows)
+    assert _uses_each_stage_its_size(windows, sizes)
+
+
+def test_the_joint_allocation_exists_where_the_jump_rule_binds():
+    # 12 nodes, one site each, S = 9, L = 3, max_jump 4 (sweep case 375): stages 1-8 of one node
+    # each, and the greedy's windows [1, 2], [3, 4], [5, 6], [7, 8] start with jumps of 5 and
+    # 7; with valid windows the joint allocation gives every data node a private chain and
+    # the plan is its floor (23.30 s before)
+    cluster = random_global_cluster(12, seed=375, memory=(1, 1), broken=0.2)
+    w = Workload(num_stages=9, path_length=3, microbatches_per_data_node=1, n_layers=27, max_swaps=2, max_jump=4)
+    problem = build_problem(cluster, w)
+    found = joint_groups.group_allocation(problem)
+    assert found is not None
+    stages, chains = found
+    stage_of = {x: s for s, nodes in enumerate(stages) for x in nodes}
+    assert sorted(chains) == sorted(stages[0])
+    assert all(path_rule_violation([stage_of[x] for x in chain], 2, 4) is None for chain in chains.values())
+    plan = make_plan("skippipe", problem, seed=0)
+    floor = free_allocation_floor(problem).value
+    assert plan.predicted_makespan_s <= floor * (1 + 1e-6)

@@ -3,7 +3,8 @@
 ``group_allocation`` splits the nodes into groups of one data node + L-1 chain nodes minimising
 the latest estimated finish (``groups.GroupCosts.estimate``; greedy groups of near neighbours,
 then node swaps between the latest group and the others), then hands out stage labels so that
-every stage gets its size and each chain visits its stages in increasing order. Each data node
+every stage gets its size and each chain visits its stages in increasing order, a valid path
+(``stage_windows``). Each data node
 then has a private chain (``groups``), so no two data nodes' microbatches meet.
 """
 
@@ -14,15 +15,20 @@ import math
 import time
 
 import numpy as np
+from scipy.optimize import Bounds, LinearConstraint, milp
 
 from skippipe.planfile import path_rule_violation
 from skippipe.planner.problem import Problem
 from skippipe.planner.routing.groups import GroupCosts
 
 
-def stage_windows(sizes: list[int], groups: int) -> list[list[int]] | None:
+def stage_windows(sizes: list[int], groups: int, max_swaps: int, max_jump: int) -> list[list[int]] | None:
     """Stages for each group's chain: ``groups`` sets of L-1 distinct stages (1..S-1) using
-    stage s exactly sizes[s] times, each sorted; None if impossible."""
+    stage s exactly sizes[s] times, each sorted and a valid path in that order; None if
+    impossible. First greedily, each window the stages that the most chains still need; where
+    that breaks the path rule (with the jump rule binding, 1-4 and 5-8 of 8 stages are not two
+    windows: 0 -> 5 is too far), how many groups take each valid window is one small integer
+    programme (HiGHS), the windows' spans (last stage - first) as short as it can."""
     need = list(sizes[1:])
     total = sum(need)
     if groups <= 0 or total % groups:
@@ -34,13 +40,35 @@ def stage_windows(sizes: list[int], groups: int) -> list[list[int]] | None:
     for _ in range(groups):
         order = sorted(range(len(need)), key=lambda s: (-need[s], s))[:k]
         if any(need[s] <= 0 for s in order):
-            return None
+            break
         for s in order:
             need[s] -= 1
         out.append(sorted(s + 1 for s in order))
-    return out
+    if len(out) == groups and all(path_rule_violation(win, max_swaps, max_jump) is None for win in out):
+        return out
+    return _valid_windows(sizes, groups, k, max_swaps, max_jump)
 
 
+def _valid_windows(sizes: list[int], groups: int, k: int, max_swaps: int, max_jump: int) -> list[list[int]] | None:
+    """``stage_windows`` by the integer programme over the valid windows of k stages."""
+    valid = [list(win) for win in itertools.combinations(range(1, len(sizes)), k)
+             if path_rule_violation(list(win), max_swaps, max_jump) is None]
+    if not valid:
+        return None
+    uses = np.array([[1.0 if s in win else 0.0 for win in valid] for s in range(1, len(sizes))])
+    rows = np.vstack([uses, np.ones((1, len(valid)))])
+    target = np.array([*sizes[1:], groups], dtype=float)
+    span = np.array([win[-1] - win[0] for win in valid], dtype=float)
+    res = milp(c=span, constraints=LinearConstraint(rows, target, target), integrality=np.ones(len(valid)),
+               bounds=Bounds(0, groups), options={"time_limit": WINDOW_SECONDS})
+    if res.x is None:
+        return None
+    counts = np.round(res.x).astype(int)
+    return [list(win) for win, c in zip(valid, counts) for _ in range(c)]
+
+
+# a safety net on the windows' programme (seconds of HiGHS; 70 windows at S = 9 take milliseconds)
+WINDOW_SECONDS = 5.0
 # chains of this many nodes or more (5,040 orders) are tried one way round only, and a group's
 # orders are searched once for all its members (``_best_cycle``)
 HALF_PERMS_FROM = 7
@@ -114,8 +142,8 @@ def group_allocation(
     D = sizes[0]
     if D * L != n:
         return None
-    windows = stage_windows(sizes, D)
-    if windows is None or any(path_rule_violation(win, w.max_swaps, w.max_jump) for win in windows):
+    windows = stage_windows(sizes, D, w.max_swaps, w.max_jump)
+    if windows is None:
         return None
     gc = GroupCosts.from_problem(problem)
     from skippipe.planner.allocation import data_node_candidates
