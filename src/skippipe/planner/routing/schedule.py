@@ -18,8 +18,8 @@ adds candidates built for the timeline:
    nodes it visits, so slow nodes carry fewer visits and fast ones more (the TC1 caps stay
    caps); it takes a share of the search only when it is the best start;
 3. joint allocation (``routing.joint_groups``, only when the cluster fixes no allocation):
-   groups of one data node and L-1 near nodes, with stage labels handed out so that each
-   group's chain is a valid path;
+   groups of one data node and L-1 near nodes (the best of several starts of the group
+   search), with stage labels handed out so that each group's chain is a valid path;
 4. memory order (only when the cluster fixes no allocation and memory is uneven): the
    balanced routing on the allocation with its non-data nodes dealt to the stages by memory
    (``allocation.memory_order``: nodes with few slots late in the paths, where a visit holds
