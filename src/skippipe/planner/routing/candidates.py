@@ -21,8 +21,8 @@ from skippipe.planner.routing.search import SearchLimits
 from skippipe.planner.routing.sequences import RouteCosts, stage_sequences
 from skippipe.planner.routing.slow_links import (
     DEALING_MAX_ARCS,
+    MAX_ARCS,
     SwapWork,
-    arc_count,
     slow_link_allocation,
     slow_link_mask,
     uses_slow_link,
@@ -222,7 +222,8 @@ def slow_link_candidate(
     (``dealings``: the exchanges that leave the slow links may leave the few-slot nodes where
     their holds are long). Otherwise it starts from those memory dealings that have no
     candidate over fast links alone (dealt by memory, the network unseen, they may need slow
-    links; programmes of at most ``DEALING_MAX_ARCS`` arcs), and is kept only when it is a
+    links; above ``DEALING_MAX_ARCS`` arcs only where the relaxation is integral, as no integer
+    programme is solved there), and is kept only when it is a
     better start than the best so far (else it would only move the search: sweep case 42 ended
     2.4 % worse). Where the best start crosses and the exchanges leave slow links in use, whole
     allocations are also tried by data-node set (``routing.fast_allocation``; not where the
@@ -237,8 +238,8 @@ def slow_link_candidate(
     begins = [(start.name, start.stages)] if crossing else []
     for key, dealt in dealings(start.stages).items():
         if all(dealt != b for _, b in begins) and (crossing or dealt not in fast):
-            if crossing or arc_count(dealt, stage_orders(problem, dealt)) <= DEALING_MAX_ARCS:
-                begins.append((key, dealt))
+            begins.append((key, dealt))
+    integer_arcs = MAX_ARCS if crossing else DEALING_MAX_ARCS
     rc = RouteCosts.from_problem(problem)
     work = SwapWork() if work is None else work
     best: tuple[Candidate, Evaluator] | None = None
@@ -256,7 +257,7 @@ def slow_link_candidate(
 
     for name, begin in begins:
         keep(f"slow links ({start.name if crossing else name})",
-             slow_link_allocation(problem, begin, stage_orders(problem, begin), slow, work))
+             slow_link_allocation(problem, begin, stage_orders(problem, begin), slow, work, integer_arcs))
     if best is not None and not crossing and not best[0].score.key() < start.score.key():
         return None  # from the memory dealings: only a start better than the best so far
     if crossing and problem.fixed_stages is None and (best is None or uses_slow_link(slow, best[0].routes)):

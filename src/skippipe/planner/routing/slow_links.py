@@ -19,7 +19,9 @@ positions (``_shape``), and renamed.
 the stages of two nodes (first those with a node at the end of a slow link in use) while the
 linear relaxation of that routing gets cheaper (data nodes' own compute included), until no
 slow link is in use, no exchange helps, or ``SWAP_WORK`` is spent. The integer routing of the result is the
-candidate's start; the local search of ``plan_skippipe`` goes on from there. Deterministic.
+candidate's start; the local search of ``plan_skippipe`` goes on from there. Above
+``integer_arcs`` arcs no integer programme is solved: the result is kept only where its
+relaxation is integral, which makes that an optimal integer routing. Deterministic.
 """
 
 from __future__ import annotations
@@ -40,9 +42,10 @@ from skippipe.planner.routing.sequences import RouteCosts
 # S = 5, L = 3 6,071)
 MAX_ARCS = 10_000
 # from the memory dealings of a start that keeps to fast links (``candidates.slow_link_candidate``)
-# only up to this many arcs: such a search is kept only when it beats the start, and an integer
-# routing of a larger programme can take seconds (1.34 s at 5,634 arcs, a 30-node cluster with
-# S = 8, L = 5, where the relaxation takes 0.09 s)
+# the integer routing is solved only up to this many arcs: such a search is kept only when it
+# beats the start, and an integer routing of a larger programme can take seconds (2.1 s at
+# 5,634 arcs, the suite's 30-node cluster with S = 8, L = 5, where the relaxation takes 0.1 s;
+# 1.3-1.8 s at 8,080 arcs). Above it the routing is kept only where the relaxation is integral
 DEALING_MAX_ARCS = 4_000
 # the allocation search solves at most this many arcs' worth of relaxations (relaxations x arcs
 # per relaxation; sweep case 27, 24 nodes, needed 73 relaxations). Each search has its own: with
@@ -58,6 +61,8 @@ RELAX_CELL_S = 1.5e-8
 INTEGER_FACTOR = 2.0
 # a safety net on HiGHS (seconds) for the integer routing: those above take at most a few
 MILP_SECONDS = 10.0
+# a relaxation whose flows are all within this of whole numbers is an integer routing
+INTEGRAL_TOL = 1e-7
 # links this many times dearer than every cheaper one are slow (cut apart into islands by
 # ``decompose.islands`` when the others leave the cluster in parts)
 SLOW_GAP = 20.0
@@ -102,7 +107,7 @@ class _Arcs:
 @dataclass
 class Routing:
     cost: float  # seconds of static round trips (hops both ways, compute of the visits)
-    paths: dict[int, list[tuple[int, ...]]] | None  # per data node (integer routings only)
+    paths: dict[int, list[tuple[int, ...]]] | None  # per data node (integer routings and integral relaxations)
     slow_nodes: set[int]  # nodes at either end of a slow link the routing uses
 
 
@@ -130,10 +135,11 @@ def min_cost_routing(
                bounds=Bounds(0, np.where(on_slow & fast_only, 0.0, float(m))), options={"time_limit": MILP_SECONDS})
     if res.x is None or not res.success:
         return None
+    whole = bool(np.all(np.abs(res.x - np.round(res.x)) <= INTEGRAL_TOL))  # a relaxation can be integral
     flow = np.round(res.x) if integral else res.x
     hops = (flow > 1e-6) & on_slow
     ends = {int(x) for x in np.concatenate([arcs.tail[hops], arcs.head[hops]])}
-    paths = _decompose(arcs, flow.astype(int), stages[0]) if integral else None
+    paths = _decompose(arcs, np.round(res.x).astype(int), stages[0]) if integral or whole else None
     return Routing(float(cost @ flow), paths, ends)
 
 
@@ -290,25 +296,26 @@ def exchanged_stages(stages: list[list[int]], a: int, b: int, where: dict[int, i
 
 def slow_link_allocation(
     problem: Problem, stages: list[list[int]], seqs: tuple[tuple[int, ...], ...], slow: np.ndarray,
-    work: SwapWork | None = None,
+    work: SwapWork | None = None, integer_arcs: int = MAX_ARCS,
 ) -> tuple[list[list[int]], dict[int, list[tuple[int, ...]]]] | None:
     """An allocation and an integer routing that use fewer of the ``slow`` links than ``stages``
-    (see the module text); with a fixed allocation only the routing. None when nothing is won.
-    The programmes' estimated CPU is added to ``work``."""
+    (see the module text); with a fixed allocation only the routing. None when nothing is won,
+    or above ``integer_arcs`` arcs when the relaxation of the result is not integral. The
+    programmes' estimated CPU is added to ``work``."""
     work = SwapWork() if work is None else work
     arcs = arc_count(stages, seqs)  # of every programme below: the exchanges keep the stage sizes
     if arcs > MAX_ARCS:
         return None  # no programme is built
     own = RouteCosts.from_problem(problem).own * problem.workload.microbatches_per_data_node
 
-    def relaxed(st: list[list[int]]) -> tuple[float, set[int]]:
+    def relaxed(st: list[list[int]]) -> tuple[float, set[int], Routing | None]:
         found = min_cost_routing(problem, st, seqs, slow, integral=False)
         if found is None:
-            return np.inf, set()
-        return found.cost + float(own[st[0]].sum()), found.slow_nodes
+            return np.inf, set(), None
+        return found.cost + float(own[st[0]].sum()), found.slow_nodes, found
 
     best = [list(map(int, s)) for s in stages]
-    value, ends = relaxed(best)
+    value, ends, loose = relaxed(best)
     evaluations = 1
     most = max(1, SWAP_WORK // max(1, arcs))
     while problem.fixed_stages is None and ends and evaluations < most:
@@ -320,13 +327,16 @@ def slow_link_allocation(
             if evaluations >= most:
                 break
             cand = exchanged_stages(best, a, b, where)
-            v, e = relaxed(cand)
+            v, e, r = relaxed(cand)
             evaluations += 1
             if v < value - 1e-9:
-                best, value, ends = cand, v, e
+                best, value, ends, loose = cand, v, e, r
                 break
         else:
             break  # no exchange helps
+    if arcs > integer_arcs:  # no integer programme: the relaxation's routing where it is integral
+        work.spent_s += evaluations * programme_s(best, seqs)
+        return None if loose is None or loose.paths is None else (best, loose.paths)
     work.spent_s += (evaluations + INTEGER_FACTOR) * programme_s(best, seqs)
     routing = min_cost_routing(problem, best, seqs, slow, integral=True)
     if routing is None or routing.paths is None:
