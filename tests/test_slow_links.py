@@ -212,7 +212,7 @@ def test_memory_dealings_above_the_integer_limit_are_kept_where_the_relaxation_i
     # the routing kept is an optimal integer one: its relaxation is integral and costs the same
     seqs = stage_orders(problem, cand.stages)
     exact = min_cost_routing(problem, cand.stages, seqs, slow, integral=True)
-    loose = min_cost_routing(problem, cand.stages, seqs, slow, integral=False)
+    loose = min_cost_routing(problem, cand.stages, seqs, slow, integral=False, read_integral=True)
     assert loose.paths is not None and abs(loose.cost - exact.cost) <= 1e-6 * exact.cost
 
 
@@ -223,7 +223,7 @@ def test_above_the_integer_limit_a_fractional_relaxation_gives_no_routing():
     for _ in range(40):
         alloc = random_allocation(problem, rng)
         seqs = stage_orders(problem, alloc)
-        loose = min_cost_routing(problem, alloc, seqs, slow, integral=False)
+        loose = min_cost_routing(problem, alloc, seqs, slow, integral=False, read_integral=True)
         if loose is not None and loose.paths is None:
             break
     else:

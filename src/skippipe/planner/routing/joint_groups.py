@@ -20,6 +20,7 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 from skippipe.planfile import path_rule_violation
 from skippipe.planner.problem import Problem
 from skippipe.planner.routing.groups import GroupCosts
+from skippipe.planner.routing.sequences import stage_sequences
 
 
 def stage_windows(sizes: list[int], groups: int, max_swaps: int, max_jump: int) -> list[list[int]] | None:
@@ -46,13 +47,13 @@ def stage_windows(sizes: list[int], groups: int, max_swaps: int, max_jump: int) 
         out.append(sorted(s + 1 for s in order))
     if len(out) == groups and all(path_rule_violation(win, max_swaps, max_jump) is None for win in out):
         return out
-    return _valid_windows(sizes, groups, k, max_swaps, max_jump)
+    return _valid_windows(sizes, groups, k, max_jump)
 
 
-def _valid_windows(sizes: list[int], groups: int, k: int, max_swaps: int, max_jump: int) -> list[list[int]] | None:
-    """``stage_windows`` by the integer programme over the valid windows of k stages."""
-    valid = [list(win) for win in itertools.combinations(range(1, len(sizes)), k)
-             if path_rule_violation(list(win), max_swaps, max_jump) is None]
+def _valid_windows(sizes: list[int], groups: int, k: int, max_jump: int) -> list[list[int]] | None:
+    """``stage_windows`` by the integer programme over the valid windows of k stages (the
+    stage orders with no swap: a window is visited in increasing order)."""
+    valid = [list(win) for win in stage_sequences(len(sizes), k + 1, 0, max_jump)]
     if not valid:
         return None
     uses = np.array([[1.0 if s in win else 0.0 for win in valid] for s in range(1, len(sizes))])

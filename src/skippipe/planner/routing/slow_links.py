@@ -107,16 +107,17 @@ class _Arcs:
 @dataclass
 class Routing:
     cost: float  # seconds of static round trips (hops both ways, compute of the visits)
-    paths: dict[int, list[tuple[int, ...]]] | None  # per data node (integer routings and integral relaxations)
+    paths: dict[int, list[tuple[int, ...]]] | None  # per data node (integer routings; integral relaxations read)
     slow_nodes: set[int]  # nodes at either end of a slow link the routing uses
 
 
 def min_cost_routing(
     problem: Problem, stages: list[list[int]], seqs: tuple[tuple[int, ...], ...], slow: np.ndarray | None,
-    integral: bool, fast_only: bool = False,
+    integral: bool, fast_only: bool = False, read_integral: bool = False,
 ) -> Routing | None:
     """The cheapest routing of every data node's m microbatches under the TC1 caps (see the
     module text); ``slow``: the slow links (``slow_link_mask``), with ``fast_only`` never used.
+    ``read_integral``: a relaxation whose flows come out whole is read back as paths too.
     None when none exists or the programme has more than ``MAX_ARCS`` arcs."""
     m = problem.workload.microbatches_per_data_node
     count = arc_count(stages, seqs)
@@ -135,11 +136,12 @@ def min_cost_routing(
                bounds=Bounds(0, np.where(on_slow & fast_only, 0.0, float(m))), options={"time_limit": MILP_SECONDS})
     if res.x is None or not res.success:
         return None
-    whole = bool(np.all(np.abs(res.x - np.round(res.x)) <= INTEGRAL_TOL))  # a relaxation can be integral
-    flow = np.round(res.x) if integral else res.x
+    rounded = np.round(res.x)
+    flow = rounded if integral else res.x
     hops = (flow > 1e-6) & on_slow
     ends = {int(x) for x in np.concatenate([arcs.tail[hops], arcs.head[hops]])}
-    paths = _decompose(arcs, np.round(res.x).astype(int), stages[0]) if integral or whole else None
+    whole = integral or (read_integral and bool(np.all(np.abs(res.x - rounded) <= INTEGRAL_TOL)))
+    paths = _decompose(arcs, rounded.astype(int), stages[0]) if whole else None
     return Routing(float(cost @ flow), paths, ends)
 
 
@@ -309,7 +311,7 @@ def slow_link_allocation(
     own = RouteCosts.from_problem(problem).own * problem.workload.microbatches_per_data_node
 
     def relaxed(st: list[list[int]]) -> tuple[float, set[int], Routing | None]:
-        found = min_cost_routing(problem, st, seqs, slow, integral=False)
+        found = min_cost_routing(problem, st, seqs, slow, integral=False, read_integral=arcs > integer_arcs)
         if found is None:
             return np.inf, set(), None
         return found.cost + float(own[st[0]].sum()), found.slow_nodes, found
