@@ -10,12 +10,11 @@ from hypothesis import strategies as st
 
 from cluster_strategies import generated_problems, makespan_on, random_allocation
 from skippipe.cluster_gen import suite
-from skippipe.planner.dear_schedule import kinds_schedule
 from skippipe.planner.floors import free_allocation_floor, set_floors
 from skippipe.planner.methods import make_plan
 from skippipe.planner.problem import build_problem
 from skippipe.planner.set_floor import SetFloor
-from skippipe.serial_floor import serial_trip_floor
+from skippipe.serial_floor import kinds_schedule, serial_trip_floor
 
 FACTORS = (0.25, 1.5, 0.09, 0.13)  # loss and backward factors, inject and op gaps (the defaults)
 

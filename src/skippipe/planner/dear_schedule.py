@@ -17,9 +17,9 @@ without the data node's own work between them. This term does both at once:
   (d's tuples: every L-1 distinct nodes outside D, in any order, a relaxation of the stage
   rules), lowered so that the kinds' times do not decrease with the dear visits;
 - with a1 microbatches of the second kind and a2 of the third, d finishes no sooner than its
-  own schedule with those lags (``kinds_schedule``, solved like ``serial_trip_floor``: the
-  microbatches of one kind are alike, so each kind's operations may be taken first in, first
-  out), and the microbatches of D cover at least V dear visits: the sum over d of
+  own schedule with those lags (``serial_floor.kinds_schedule``, the search of
+  ``serial_trip_floor`` with several kinds: the microbatches of one kind are alike, so each
+  kind's operations may be taken first in, first out), and the microbatches of D cover at least V dear visits: the sum over d of
   a1 + top x a2 is at least V;
 - so the least T at which every d can take a share (a1, a2) with a finish at most T, the
   shares covering V, bounds every plan with data nodes D; the term is the largest over the
@@ -46,147 +46,14 @@ import numpy as np
 
 from skippipe.planner.problem import Problem
 from skippipe.planner.relaxed_floors import tuple_lag_parts
+from skippipe.serial_floor import MAX_STEPS, kinds_schedule
 
-MAX_STEPS = 30_000  # search steps of one schedule at most
-MAX_KEPT_STATES = 12  # states kept per set of operations done, to cut later states they dominate
 MAX_TUPLES = 200_000  # node tuples (L-1 distinct nodes in order) of a problem at most (else no term)
 TUPLES_PER_STEP = 50  # a set's tuples x data nodes count this many to one step of the budget
 RESOLUTION_S = 0.05  # the finishes asked about are multiples of this
 LAG_QUANTUM_S = 0.05  # lags rounded down to this, so that answers are reused
 MAX_FINISH_S = 1e7  # the least cover is not searched beyond this (the term then gives it)
 BUDGET_STEPS = 600_000  # search steps and look-ups over every set of one problem at most (about 4 s of CPU)
-
-Kind = tuple[int, float, float]  # (microbatches, least time out, least time back)
-
-
-def kinds_schedule(
-    forward: float, kinds: list[Kind], slots: int, loss_factor: float, backward_factor: float,
-    inject_gap: float, op_gap: float, cutoff: float = math.inf, max_steps: int = MAX_STEPS,
-    first_below: bool = False,
-) -> tuple[float, int]:
-    """(a lower bound on the least finish of the data node's own operations, search steps).
-
-    The bound is exact when below ``cutoff``; otherwise it is at least ``cutoff`` or, where the
-    search needs more than ``max_steps`` steps, the root's bound. inf where a kind with
-    microbatches has an infinite lag (no such trip). With ``first_below`` the search stops at
-    the first schedule that finishes before ``cutoff`` and gives that finish (then an upper
-    bound, below ``cutoff``)."""
-    merged: dict[tuple[float, float], int] = {}
-    for c, o, b in kinds:  # kinds with the same lags are one kind (first in, first out within it)
-        if c > 0:
-            merged[(o, b)] = merged.get((o, b), 0) + c
-    kinds = [(c, o, b) for (o, b), c in merged.items()]
-    m = sum(c for c, _, _ in kinds)
-    if m == 0:
-        return 0.0, 0
-    if any(not (math.isfinite(o) and math.isfinite(b)) for _, o, b in kinds):
-        return math.inf, 0
-    K = len(kinds)
-    k = max(1, min(int(slots), m))
-    f, loss, bwd = forward, loss_factor * forward, backward_factor * forward
-    step_f, step_l, step_b = f + inject_gap, loss + op_gap, bwd + op_gap
-    count = [c for c, _, _ in kinds]
-    out_lag = [o for _, o, _ in kinds]
-    back_lag = [b for _, _, b in kinds]
-    after_f = [f + o + loss + b + bwd for _, o, b in kinds]  # injection start -> its final backward's end
-    after_l = [loss + b + bwd for _, _, b in kinds]  # loss start -> its final backward's end
-    least_release = f + min(o for _, o, _ in kinds) + loss + min(b for _, _, b in kinds)  # injection -> slot free
-    inject = [[0.0] * c for c in count]
-    losses = [[0.0] * c for c in count]
-    n_f, n_l, n_b = [0] * K, [0] * K, [0] * K
-    best = cutoff
-    steps = 0
-
-    rel_loss = [loss + b for b in back_lag]  # loss start -> its final backward may start
-    rel_inject = [f + o + loss + b for o, b in zip(out_lag, back_lag)]  # injection start -> the same
-    kind_range = range(K)
-
-    def bound(free: float, finish: float, done_f: int, done_l: int, done_b: int) -> float:
-        value = free + (m - done_f) * step_f + (m - done_l) * step_l + (m - done_b) * step_b - op_gap
-        if finish > value:
-            value = finish
-        least = math.inf  # the least trip of a microbatch not yet injected
-        for i in kind_range:
-            nf, nl, nb = n_f[i], n_l[i], n_b[i]
-            if nf < count[i] and after_f[i] < least:
-                least = after_f[i]
-            if nf > nl and inject[i][nl] + after_f[i] > value:
-                value = inject[i][nl] + after_f[i]
-            if nl > nb and losses[i][nb] + after_l[i] > value:
-                value = losses[i][nb] + after_l[i]
-        if done_f < m and free + (m - done_f - 1) * step_f + least > value:
-            value = free + (m - done_f - 1) * step_f + least
-        need = m - k - done_b  # slots the last injection waits for (those out now and k free)
-        if need > 0:  # freed by final backwards, one at a time, no sooner than their trips allow
-            left = m - done_f
-            releases = [free + t * step_f + least_release for t in range(left)]
-            for i in kind_range:
-                releases += [x + rel_loss[i] for x in losses[i][n_b[i]:n_l[i]]]
-                releases += [x + rel_inject[i] for x in inject[i][n_l[i]:n_f[i]]]
-            releases.sort()
-            freed = free - step_b
-            for j in range(need):
-                freed = max(releases[j], freed + step_b)
-            # before it the machine runs the other injections, those backwards and their losses
-            work = free + (left - 1) * step_f + need * step_b + max(0, need - (done_l - done_b)) * step_l
-            value = max(value, max(work, freed + step_b) + least)
-        return value
-
-    seen: dict[tuple, list[tuple[float, ...]]] = {}
-
-    def dominated(free: float, finish: float) -> bool:
-        """Has a state with the same operations done been reached with every time no later (the
-        machine free, the finish, each microbatch out's injection or loss)? Then this one cannot
-        finish sooner. Otherwise it is recorded."""
-        key = (*n_f, *n_l, *n_b)
-        times = [free, finish]
-        for i in range(K):
-            times += inject[i][n_l[i]:n_f[i]]
-            times += losses[i][n_b[i]:n_l[i]]
-        stored = seen.setdefault(key, [])
-        for other in stored:
-            if all(a <= b + 1e-12 for a, b in zip(other, times)):
-                return True
-        if len(stored) < MAX_KEPT_STATES:
-            stored.append(tuple(times))
-        return False
-
-    def search(free: float, finish: float, done_f: int, done_l: int, done_b: int) -> None:
-        nonlocal best, steps
-        steps += 1
-        if steps > max_steps or (first_below and best < cutoff):
-            return
-        if done_b == m:
-            best = min(best, finish)
-            return
-        if bound(free, finish, done_f, done_l, done_b) >= best - 1e-12 or dominated(free, finish):
-            return
-        for i in range(K):  # the oldest microbatch of a kind back from its trip runs its final backward
-            if n_l[i] > n_b[i]:
-                start = max(free, losses[i][n_b[i]] + loss + back_lag[i])
-                n_b[i] += 1
-                search(start + step_b, max(finish, start + bwd), done_f, done_l, done_b + 1)
-                n_b[i] -= 1
-        for i in range(K):  # the oldest one of a kind out runs its loss
-            if n_f[i] > n_l[i]:
-                losses[i][n_l[i]] = max(free, inject[i][n_l[i]] + f + out_lag[i])
-                n_l[i] += 1
-                search(losses[i][n_l[i] - 1] + step_l, finish, done_f, done_l + 1, done_b)
-                n_l[i] -= 1
-        if done_f - done_b < k:  # a new injection, into a free slot
-            for i in range(K):
-                if n_f[i] < count[i]:
-                    inject[i][n_f[i]] = free
-                    n_f[i] += 1
-                    search(free + step_f, finish, done_f + 1, done_l, done_b)
-                    n_f[i] -= 1
-
-    root = bound(0.0, 0.0, 0, 0, 0)
-    search(0.0, 0.0, 0, 0, 0)
-    if steps > max_steps:
-        return min(root, cutoff), steps
-    return best, steps
-
 
 @dataclass
 class DearSchedules:
