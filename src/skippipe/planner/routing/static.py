@@ -73,9 +73,10 @@ def chain_candidate(
     score: Callable[[list[Route]], Score] | None = None,
 ) -> list[Route] | None:
     """Private chains for the data nodes that can have one; the others share what capacity is
-    left (static routing). When the rest cannot be routed, the least critical chain is given up.
-    Of the chain sets of ``private_chain_sets``, the routing that ``score`` finds quickest (by
-    default the first set's)."""
+    left, routed statically (when they cannot be, the least critical chain is given up) or
+    gathered (``_gathered_leftovers``; the quota's chain set only so where data nodes are left
+    over). Of these routings of the chain sets of ``private_chain_sets``, the one that
+    ``score`` finds quickest (by default the first)."""
     routings = []
     for k, chains in enumerate(private_chain_sets(problem, stages, caps, seqs, deadline)):
         everyone = len(chains) == len(stages[0])
@@ -124,8 +125,10 @@ def _gathered_leftovers(
     routing's scale, one of a new chain two. The static routing of the rest spreads them over
     any capacity left, so that one foreign visit lands on many chains (one site, 84 nodes,
     S = 9, L = 5: 16 chains and one data node left, 24 visits on 24 chain nodes, 68.44 s first
-    come, first served; gathered, 6 visits on two chains, 56.96 s). None where the greedy finds
-    no path for some microbatch."""
+    come, first served; gathered, 6 visits on few chains, 59.11 s, and the plan 54.85 s against
+    57.67 s). None where the greedy finds no path for some microbatch, or where a microbatch
+    would visit two chain nodes (then its data node is no chain with one shared visit but a
+    shared routing, and the search from it ended slower on 6 of 44 one-site clusters)."""
     m = problem.workload.microbatches_per_data_node
     rest = [d for d in stages[0] if d not in chains]
     if not rest or not seqs:
