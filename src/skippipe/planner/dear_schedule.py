@@ -19,8 +19,8 @@ without the data node's own work between them. This term does both at once:
 - with a1 microbatches of the second kind and a2 of the third, d finishes no sooner than its
   own schedule with those lags (``serial_floor.kinds_schedule``, the search of
   ``serial_trip_floor`` with several kinds: the microbatches of one kind are alike, so each
-  kind's operations may be taken first in, first out), and the microbatches of D cover at least V dear visits: the sum over d of
-  a1 + top x a2 is at least V;
+  kind's operations may be taken first in, first out), and the microbatches of D cover at
+  least V dear visits: the sum over d of a1 + top x a2 is at least V;
 - so the least T at which every d can take a share (a1, a2) with a finish at most T, the
   shares covering V, bounds every plan with data nodes D; the term is the largest over the
   prefixes C.
