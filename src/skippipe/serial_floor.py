@@ -51,10 +51,6 @@ def serial_trip_floor(
     """Least finish of the data node's own operations when every microbatch is away for
     ``out_lag`` and ``back_lag`` (one kind of ``kinds_schedule``); None when the search needs
     more than ``MAX_EXPANSIONS`` steps or a lag is not finite."""
-    if m <= 0:
-        return 0.0
-    if not (math.isfinite(out_lag) and math.isfinite(back_lag)):
-        return None
     value, steps = kinds_schedule(forward, [(m, out_lag, back_lag)], slots, loss_factor, backward_factor,
                                   inject_gap, op_gap, max_steps=MAX_EXPANSIONS)
     return None if steps > MAX_EXPANSIONS or not math.isfinite(value) else value

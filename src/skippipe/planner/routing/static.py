@@ -99,20 +99,31 @@ def _chain_routing(
         rest = [d for d in stages[0] if d not in chains]
         if not rest:
             return chain_routes(stages, chains, m)
-        residual = list(caps)
-        for ch in chains.values():
-            for x in ch:
-                residual[x] -= m
         try:
-            shared = static_routes(problem, [rest, *stages[1:]], residual)
+            shared = static_routes(problem, [rest, *stages[1:]], _residual(caps, chains, m))
         except UserError:
             chains.pop(order.pop())
             continue
         by_node: dict[int, list[Route]] = {}
         for r in shared:
             by_node.setdefault(r[0], []).append(r)
-        return [r for d in stages[0] for r in (by_node[d] if d in by_node else chain_routes([[d]], chains, m))]
+        return _with_chains(stages, chains, m, by_node)
     return None
+
+
+def _residual(caps: list[int], chains: dict[int, list[int]], m: int) -> list[int]:
+    """The TC1 caps less what the chains take (m visits on each chain node)."""
+    residual = list(caps)
+    for chain in chains.values():
+        for x in chain:
+            residual[x] -= m
+    return residual
+
+
+def _with_chains(stages: list[list[int]], chains: dict[int, list[int]], m: int, shared: dict[int, list[Route]]
+                 ) -> list[Route]:
+    """Every data node's routes in stage-0 order: ``shared``'s where it has them, else its chain."""
+    return [r for d in stages[0] for r in (shared[d] if d in shared else chain_routes([[d]], chains, m))]
 
 
 def _gathered_leftovers(
@@ -135,15 +146,11 @@ def _gathered_leftovers(
         return None
     rc = RouteCosts.from_problem(problem)
     owner = {x: d for d, chain in chains.items() for x in chain}
-    left = np.zeros(problem.n, dtype=int)
-    for s in stages[1:]:
-        left[s] = [caps[x] for x in s]
-    for x in owner:
-        left[x] -= m
+    left = np.asarray(_residual(caps, chains, m), dtype=int)
     chain_nodes = np.fromiter(owner, dtype=int, count=len(owner))
     arrays = [np.asarray(s, dtype=int) for s in stages]
     touched: set[int] = set()
-    paths: dict[int, list[tuple[int, ...]]] = {d: [] for d in rest}
+    routes: dict[int, list[Route]] = {d: [] for d in rest}
     for _ in range(m):
         for d in rest:
             penalty = np.zeros(problem.n)
@@ -159,5 +166,5 @@ def _gathered_leftovers(
                 return None
             left[path] -= 1
             touched.update(foreign)
-            paths[d].append(tuple(int(x) for x in path))
-    return [r for d in stages[0] for r in ([(int(d), p) for p in paths[d]] if d in paths else chain_routes([[d]], chains, m))]
+            routes[d].append((int(d), tuple(int(x) for x in path)))
+    return _with_chains(stages, chains, m, routes)
