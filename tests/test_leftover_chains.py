@@ -3,11 +3,13 @@ over the free nodes, at most one chain node per microbatch, on few chains."""
 
 from __future__ import annotations
 
+import numpy as np
+
 from skippipe.cluster_gen import single_site_cluster
 from skippipe.planfile import Microbatch, plan_violations
 from skippipe.planner.problem import build_problem
 from skippipe.planner.routing.evaluate import Evaluator
-from skippipe.planner.routing.groups import private_chain_sets
+from skippipe.planner.routing.groups import NEAR_QUOTAS, chain_quota, near_chain_quotas, private_chain_sets
 from skippipe.planner.routing.schedule import _allocation, stage_orders
 from skippipe.planner.routing.static import _chain_routing, _gathered_leftovers, chain_candidate
 from skippipe.workload import Workload
@@ -24,9 +26,9 @@ def _setting():
 
 def test_the_quota_gives_chains_the_greedy_left_out():
     # the greedy takes the cheapest stage orders first and strands stages the jump rule cannot
-    # reach; chain_quota's counts give 8 of the 9 data nodes a chain
+    # reach; chain_quota's counts give 8 of the 9 data nodes a chain (and the near chains' too)
     *_, sets = _setting()
-    assert [len(chains) for chains in sets] == [5, 8]
+    assert len(sets[0]) == 5 and len(sets) >= 2 and all(len(chains) == 8 for chains in sets[1:])
 
 
 def test_leftovers_take_one_chain_node_per_microbatch_on_few_chains():
@@ -53,3 +55,57 @@ def test_the_candidate_beats_the_greedy_chains_with_the_rest_routed_statically()
     before = ev.score(_chain_routing(problem, stages, caps, dict(min(sets, key=len)))).makespan
     after = ev.score(chain_candidate(problem, stages, caps, seqs, None, ev.score)).makespan
     assert after < 0.8 * before
+
+
+def _stages(sizes: list[int]) -> list[list[int]]:
+    out, first = [], 0
+    for size in sizes:
+        out.append(list(range(first, first + size)))
+        first += size
+    return out
+
+
+def test_the_near_chain_quotas_leave_the_free_nodes_a_path_with_one_chain_node():
+    # 44 nodes, stages of 9, 4, 4, 4, 4, 4, 5, 5, 5: 8 chains of 4 take 32 of the 35 others;
+    # every near-chain count keeps 8 chains and leaves a usable node free in every stage of
+    # its set, so the data node left over can go through three free nodes and one chain node
+    sizes = [9, 4, 4, 4, 4, 4, 5, 5, 5]
+    stages = _stages(sizes)
+    problem = build_problem(single_site_cluster(44, 0), Workload(num_stages=9, path_length=5, stage_sizes=tuple(sizes)))
+    seqs = stage_orders(problem, stages)
+    usable = np.ones(problem.n, dtype=bool)
+    quota = chain_quota(stages, usable, seqs, 9)
+    assert sum(quota.values()) == 8
+    near = near_chain_quotas(stages, usable, seqs, 9, quota)
+    assert 2 <= len(near) <= NEAR_QUOTAS
+    for counts in near:
+        assert sum(counts.values()) == 8
+        free = [len(stages[s]) - sum(c for seq, c in counts.items() if s in seq) for s in range(1, 9)]
+        assert sum(free) == 3 and max(free) == 1
+        assert any(all(free[s - 1] for i, s in enumerate(seq) if i != t) for seq in seqs for t in range(4))
+
+
+def test_the_near_chains_route_the_leftover_where_the_plain_quota_could_not():
+    # same cluster: the candidate is the quickest gathered routing of the near-chain sets
+    # (58.26 s first come, first served); before them the free nodes of the quota's chains
+    # lay in no near chain, no routing was gathered and the candidate was the greedy's four
+    # chains with the rest routed statically (86.84 s)
+    sizes = [9, 4, 4, 4, 4, 4, 5, 5, 5]
+    stages = _stages(sizes)
+    problem = build_problem(single_site_cluster(44, 0), Workload(num_stages=9, path_length=5, stage_sizes=tuple(sizes)))
+    caps = problem.load_caps(stages)
+    seqs = stage_orders(problem, stages)
+    ev = Evaluator(problem, stages)
+    sets = private_chain_sets(problem, stages, caps, seqs)
+    greedy = ev.score(_chain_routing(problem, stages, caps, dict(sets[0]))).makespan
+    routes = chain_candidate(problem, stages, caps, seqs, None, ev.score)
+    assert ev.score(routes).makespan < 0.75 * greedy
+    paths: dict[int, set[tuple[int, ...]]] = {}
+    for d, path in routes:
+        paths.setdefault(d, set()).add(tuple(path))
+    chain_nodes = {x for d, ps in paths.items() if len(ps) == 1 for x in next(iter(ps))}
+    left = [d for d, ps in paths.items() if len(ps) > 1]
+    assert len(left) == 1 and len(chain_nodes) == 32
+    assert all(sum(x in chain_nodes for x in path) <= 1 for d, path in routes if d == left[0])
+    plan = problem.make_plan(stages, [Microbatch(i, d, list(path)) for i, (d, path) in enumerate(routes)], "test", 0)
+    assert not plan_violations(plan)

@@ -36,6 +36,7 @@ from skippipe.planner.routing.assign import Capacity, route_one
 from skippipe.planner.routing.sequences import RouteCosts, cheapest_chain, cheapest_over_sequences, node_classes
 
 POOL_CHAINS = 20_000  # chains enumerated for one pair of data nodes at most (``_pair_pool``)
+NEAR_QUOTAS = 8  # chain counts tried that leave free nodes for the data nodes left over (``near_chain_quotas``)
 
 
 @dataclass
@@ -144,9 +145,10 @@ def private_chain_sets(
     if quota is not None:
         # the greedy's look-ahead counts stages, not stage orders (the jump rule): it left data
         # nodes without a chain that the stage orders of ``chain_quota`` give one
-        more = _greedy_chains(gc, Capacity(stages, one, classes), order, seqs, quota)
-        if len(more[0]) > len(found[0][0]):
-            found.append(more)
+        for counts in [quota, *near_chain_quotas(stages, usable, seqs, len(data), quota)]:
+            more = _greedy_chains(gc, Capacity(stages, one, classes), order, seqs, counts)
+            if len(more[0]) > len(found[0][0]) and all(more[0] != chains for chains, _ in found):
+                found.append(more)
     out = []
     for chains, est in found:
         free = usable.copy()
@@ -181,14 +183,19 @@ def _greedy_chains(
 
 
 def chain_quota(
-    stages: list[list[int]], usable: np.ndarray, seqs: tuple[tuple[int, ...], ...], wanted: int
+    stages: list[list[int]], usable: np.ndarray, seqs: tuple[tuple[int, ...], ...], wanted: int,
+    free: tuple[int, ...] = (),
 ) -> dict[tuple[int, ...], int] | None:
     """The most private chains (at most ``wanted``) that the usable nodes of each stage allow,
     as a count per stage order (an integer programme: a chain takes one node of each of its
-    stages); None when the programme is not solved."""
+    stages), leaving a usable node of each stage of ``free`` out; None when the programme is
+    not solved."""
     if not seqs or wanted <= 0:
         return None
     per_stage = np.array([int(usable[s].sum()) if len(s) else 0 for s in stages], dtype=float)
+    per_stage[list(free)] -= 1.0
+    if per_stage.min() < 0:
+        return None
     uses = np.zeros((len(stages), len(seqs)))
     for j, seq in enumerate(seqs):
         uses[list(seq), j] = 1.0
@@ -200,6 +207,39 @@ def chain_quota(
         return None
     counts = np.round(res.x).astype(int)
     return {seq: int(c) for seq, c in zip(seqs, counts) if c > 0}
+
+
+def near_chain_quotas(
+    stages: list[list[int]], usable: np.ndarray, seqs: tuple[tuple[int, ...], ...], wanted: int,
+    quota: dict[tuple[int, ...], int], most: int = NEAR_QUOTAS,
+) -> list[dict[tuple[int, ...], int]]:
+    """``chain_quota`` with as many chains as its counts ``quota``, leaving free nodes for a
+    *near chain* (a stage order's stages but one, the stage of the chain node its microbatches
+    visit): up to ``most`` such counts, one per set of stages of a near chain, spread over
+    those sets in their sorted order. Empty where every data node has a chain or where data nodes left over could not
+    take one chain node per microbatch anyway (fewer than L - 2 free nodes each).
+
+    Which stages keep the free nodes decides how quickly the data node left over finishes,
+    and no rule was found for it: one site, 84 nodes, S = 9, L = 5 (16 chains, one data node
+    left over, three free nodes), the 56 sets of three stages gave 54.65-65.27 s first come,
+    first served once the leftover was routed (``static._gathered_leftovers``), with the
+    good and the bad sets spread over early and late stages alike. So several are routed and
+    the quickest kept (``static.chain_candidate``)."""
+    if not seqs or len(seqs[0]) < 2:
+        return []
+    chains = sum(quota.values())
+    left = wanted - chains
+    spare = sum(int(usable[s].sum()) for s in stages[1:] if len(s)) - chains * len(seqs[0])
+    if left <= 0 or spare < left * (len(seqs[0]) - 1):
+        return []
+    sets = sorted({tuple(sorted(seq[:t] + seq[t + 1:])) for seq in seqs for t in range(len(seq))})
+    picked = [sets[round(k * len(sets) / most)] for k in range(most)] if len(sets) > most else sets
+    out = []
+    for free in dict.fromkeys(picked):
+        counts = chain_quota(stages, usable, seqs, wanted, free)
+        if counts is not None and sum(counts.values()) == chains:
+            out.append(counts)
+    return out
 
 
 def _spares(gc: GroupCosts, stages: list[list[int]], worst: int, free: np.ndarray) -> list[list[int]]:
