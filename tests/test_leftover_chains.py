@@ -13,6 +13,7 @@ from skippipe.planner.routing.groups import NEAR_QUOTAS, chain_quota, near_chain
 from skippipe.planner.routing.schedule import _allocation, stage_orders
 from skippipe.planner.routing.static import _chain_routing, _gathered_leftovers, chain_candidate
 from skippipe.workload import Workload
+from toy_plans import consecutive_stages
 
 
 def _setting():
@@ -57,20 +58,12 @@ def test_the_candidate_beats_the_greedy_chains_with_the_rest_routed_statically()
     assert after < 0.8 * before
 
 
-def _stages(sizes: list[int]) -> list[list[int]]:
-    out, first = [], 0
-    for size in sizes:
-        out.append(list(range(first, first + size)))
-        first += size
-    return out
-
-
 def test_the_near_chain_quotas_leave_the_free_nodes_a_path_with_one_chain_node():
     # 44 nodes, stages of 9, 4, 4, 4, 4, 4, 5, 5, 5: 8 chains of 4 take 32 of the 35 others;
     # every near-chain count keeps 8 chains and leaves a usable node free in every stage of
     # its set, so the data node left over can go through three free nodes and one chain node
     sizes = [9, 4, 4, 4, 4, 4, 5, 5, 5]
-    stages = _stages(sizes)
+    stages = consecutive_stages(sizes)
     problem = build_problem(single_site_cluster(44, 0), Workload(num_stages=9, path_length=5, stage_sizes=tuple(sizes)))
     seqs = stage_orders(problem, stages)
     usable = np.ones(problem.n, dtype=bool)
@@ -91,7 +84,7 @@ def test_the_near_chains_route_the_leftover_where_the_plain_quota_could_not():
     # lay in no near chain, no routing was gathered and the candidate was the greedy's four
     # chains with the rest routed statically (86.84 s)
     sizes = [9, 4, 4, 4, 4, 4, 5, 5, 5]
-    stages = _stages(sizes)
+    stages = consecutive_stages(sizes)
     problem = build_problem(single_site_cluster(44, 0), Workload(num_stages=9, path_length=5, stage_sizes=tuple(sizes)))
     caps = problem.load_caps(stages)
     seqs = stage_orders(problem, stages)

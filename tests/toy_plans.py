@@ -38,7 +38,8 @@ def _problem(stage_sizes: list[int], path_length: int, m: int, n_layers: int, sa
     return build_problem(preset_cluster("gcp-2025", "geo-distributed", n), w)
 
 
-def _stages(stage_sizes: list[int]) -> list[list[int]]:
+def consecutive_stages(stage_sizes: list[int]) -> list[list[int]]:
+    """Stages of the given sizes over node ids 0, 1, 2, ... in order."""
     out, start = [], 0
     for size in stage_sizes:
         out.append(list(range(start, start + size)))
@@ -51,7 +52,7 @@ def skip_plan(
     samples: int = 4, d_model: int = 128, ctx: int = 128,
 ) -> Plan:
     problem = _problem(stage_sizes, path_length, m, n_layers, samples, d_model, ctx)
-    stages = _stages(stage_sizes)
+    stages = consecutive_stages(stage_sizes)
     S = len(stages)
     rng = np.random.default_rng(seed)
     subsets = list(itertools.combinations(range(1, S), path_length - 1))
@@ -82,7 +83,7 @@ def full_plan(
 ) -> Plan:
     sizes = [chains] * num_stages
     problem = _problem(sizes, num_stages, m, n_layers, samples, d_model, ctx)
-    stages = _stages(sizes)
+    stages = consecutive_stages(sizes)
     mbs = []
     for k in range(chains * m):
         j = k % chains
