@@ -13,8 +13,10 @@ so where the jump rule binds it may leave data nodes without a chain that other 
 would give one (one site, 62 nodes, S = 9, L = 5, stages of 12, 7, 7 and 6 nodes: chains for 7
 of the 12 data nodes, where all 12 fit); an integer programme over the stage orders
 (``chain_quota``) then finds how many chains fit, and where that is more the greedy runs again
-within its counts (the caller routes the data nodes left over and keeps the quicker). Where the
-allocation is ours to choose,
+within its counts (the caller routes the data nodes left over and keeps the quicker). Where
+data nodes are left over, other counts with as many chains leave the free nodes on the stages
+of a near chain (``near_chain_quotas``), so that a data node left over can go through them and
+one chain node. Where the allocation is ours to choose,
 ``joint_groups.group_allocation`` builds it from such chains.
 """
 
@@ -216,8 +218,9 @@ def near_chain_quotas(
     """``chain_quota`` with as many chains as its counts ``quota``, leaving free nodes for a
     *near chain* (a stage order's stages but one, the stage of the chain node its microbatches
     visit): up to ``most`` such counts, one per set of stages of a near chain, spread over
-    those sets in their sorted order. Empty where every data node has a chain or where data nodes left over could not
-    take one chain node per microbatch anyway (fewer than L - 2 free nodes each).
+    those sets in their sorted order. Empty where every data node has a chain or where the
+    data nodes left over could not take one chain node per microbatch anyway (fewer than
+    L - 2 free nodes each).
 
     Which stages keep the free nodes decides how quickly the data node left over finishes,
     and no rule was found for it: one site, 84 nodes, S = 9, L = 5 (16 chains, one data node
