@@ -54,6 +54,7 @@ from skippipe.cluster import Cluster
 from skippipe.errors import LoadCapsTooSmall, UserError
 from skippipe.planfile import Microbatch, Plan
 from skippipe.planner.problem import Problem
+from skippipe.planner.routing.group_sizes import chain_sized_groups
 from skippipe.planner.routing.schedule import plan_no_tc2, quickest
 from skippipe.planner.routing.slow_links import slow_link_mask
 from skippipe.planner.routing.workers import GroupPlanner, Pending
@@ -335,6 +336,8 @@ def decomposed_plan(
         groups, candidate = locality_groups(problem.transfer_s, min_group_size(problem)), "groups of sites"
         if len(groups) < 2 or not tight(problem.transfer_s, groups):
             return None
+        groups = chain_sized_groups(problem.transfer_s, problem.forward_s, groups, problem.workload.path_length,
+                                    min_group_size(problem), TIGHT)
     sizes = apportion(problem.stage_sizes, groups, 1.0 / problem.forward_s)
     if sizes is None:
         return None
