@@ -334,10 +334,10 @@ def decomposed_plan(
         if problem.n <= DECOMPOSE_NODES:
             return None
         groups, candidate = locality_groups(problem.transfer_s, min_group_size(problem)), "groups of sites"
-        if len(groups) < 2 or not tight(problem.transfer_s, groups):
-            return None
         groups = chain_sized_groups(problem.transfer_s, problem.forward_s, groups, problem.workload.path_length,
                                     min_group_size(problem), TIGHT)
+        if len(groups) < 2 or not tight(problem.transfer_s, groups):
+            return None
     sizes = apportion(problem.stage_sizes, groups, 1.0 / problem.forward_s)
     if sizes is None:
         return None
