@@ -54,7 +54,7 @@ from skippipe.cluster import Cluster
 from skippipe.errors import LoadCapsTooSmall, UserError
 from skippipe.planfile import Microbatch, Plan
 from skippipe.planner.problem import Problem
-from skippipe.planner.routing.group_sizes import chain_sized_groups
+from skippipe.planner.routing.group_sizes import chain_sized_groups, cheapest_hop, one_site
 from skippipe.planner.routing.schedule import plan_no_tc2, quickest
 from skippipe.planner.routing.slow_links import slow_link_mask
 from skippipe.planner.routing.workers import GroupPlanner, Pending
@@ -115,10 +115,9 @@ def islands(transfer_s: np.ndarray) -> list[list[int]]:
 
 
 def tight(transfer_s: np.ndarray, groups: list[list[int]]) -> bool:
-    """Whether every group is one site (``TIGHT``)."""
-    off = ~np.eye(transfer_s.shape[0], dtype=bool)
-    cheapest = float(transfer_s[off].min())
-    return all(float(transfer_s[np.ix_(g, g)][off[: len(g), : len(g)]].max()) <= TIGHT * cheapest for g in groups)
+    """Whether every group is one site (``TIGHT``, ``group_sizes.one_site``)."""
+    cheapest = cheapest_hop(transfer_s)
+    return all(one_site(transfer_s, g, TIGHT, cheapest) for g in groups)
 
 
 def _largest_remainder(total: int, weights: np.ndarray, least: int, most: list[int]) -> list[int] | None:

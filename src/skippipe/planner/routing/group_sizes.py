@@ -27,22 +27,28 @@ from __future__ import annotations
 import numpy as np
 
 
-def _one_site(transfer_s: np.ndarray, nodes: list[int], tight: float, cheapest: float) -> bool:
+def cheapest_hop(transfer_s: np.ndarray) -> float:
+    """The cluster's cheapest hop between two distinct nodes."""
+    return float(transfer_s[~np.eye(transfer_s.shape[0], dtype=bool)].min())
+
+
+def one_site(transfer_s: np.ndarray, nodes: list[int], tight: float, cheapest: float) -> bool:
+    """Whether ``nodes`` are one site: no hop among them dearer than ``tight`` x ``cheapest``."""
+    if len(nodes) < 2:
+        return True
     sub = transfer_s[np.ix_(nodes, nodes)]
-    off = ~np.eye(len(nodes), dtype=bool)
-    return bool(sub[off].max() <= tight * cheapest) if len(nodes) > 1 else True
+    return bool(sub[~np.eye(len(nodes), dtype=bool)].max() <= tight * cheapest)
 
 
 def site_bundles(transfer_s: np.ndarray, groups: list[list[int]], tight: float) -> list[list[int]]:
     """Indices of ``groups`` bundled by site: a group joins the first bundle whose nodes and
-    its own are one site (no hop dearer than ``tight`` x the cluster's cheapest)."""
-    off = ~np.eye(transfer_s.shape[0], dtype=bool)
-    cheapest = float(transfer_s[off].min())
+    its own are one site (``one_site``)."""
+    cheapest = cheapest_hop(transfer_s)
     bundles: list[list[int]] = []
     members: list[list[int]] = []
     for i, group in enumerate(groups):
         for bundle, nodes in zip(bundles, members):
-            if _one_site(transfer_s, nodes + group, tight, cheapest):
+            if one_site(transfer_s, nodes + group, tight, cheapest):
                 bundle.append(i)
                 nodes.extend(group)
                 break
