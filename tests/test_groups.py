@@ -68,9 +68,10 @@ def test_trip_floors_at_once_equal_trip_floor(trip, forward, m, slots):
 
 def test_long_groups_search_their_cycle_once_for_every_member():
     # with L >= 8 a group's orders are searched once (``_best_cycle``): every member's round
-    # trip is that one cycle, so the data node and the estimate are those of trying every
-    # member with every order of the others
-    cluster = random_global_cluster(20, seed=3, speed=(0.5, 2.0), memory=(1, 3))
+    # trip is that one cycle, so where no node has fewer slots than another (the estimate
+    # is the round trip's alone) the data node and the estimate are those of trying every
+    # member with every order of the others (``test_chain_slots`` has the uneven slots)
+    cluster = random_global_cluster(20, seed=3, speed=(0.5, 2.0), memory=(3, 3))
     problem = build_problem(cluster, Workload(num_stages=8, path_length=8, microbatches_per_data_node=3))
     gc = groups.GroupCosts.from_problem(problem)
     eligible = np.ones(problem.n, dtype=bool)

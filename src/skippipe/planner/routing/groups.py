@@ -63,15 +63,34 @@ class GroupCosts:
 
     def estimate(self, d: int, round_trip: float, chain: list[int] | tuple[int, ...] = ()) -> float:
         """Estimated finish of data node ``d`` with all its microbatches on one chain: the
-        data node's ``trip_floor``, or a chain node's own work if that is longer."""
+        data node's ``trip_floor``, a chain node's own work if that is longer, or the rounds
+        of a chain node with fewer slots than ``d`` (``_held_rounds``) if those are."""
         if not math.isfinite(round_trip):
             return math.inf
-        slots = min([int(self.memory[d])] + [int(self.memory[x]) for x in chain])
-        est = trip_floor(round_trip, float(self.rc.forward[d]), float(self.backward[d]), self.m, slots,
+        est = trip_floor(round_trip, float(self.rc.forward[d]), float(self.backward[d]), self.m, int(self.memory[d]),
                          self.inject_gap, self.op_gap)
         for x in chain:
             est = max(est, self.m * (float(self.rc.node[x]) + 2 * self.op_gap))
-        return est
+        return max(est, self.held_rounds(d, round_trip, chain))
+
+    def held_rounds(self, d: int, trip: float, chain: list[int] | tuple[int, ...]) -> float:
+        """``_held_rounds`` of one chain, in plain floats (the same operations in the same
+        order, so the same value bit for bit)."""
+        rc, m = self.rc, self.m
+        k_d = min(int(self.memory[d]), m)
+        if not chain or all(min(int(self.memory[x]), m) >= k_d for x in chain):
+            return 0.0
+        out = 0.0
+        after = float(rc.own[d] - rc.node[d]) + float(rc.edge[chain[-1], d])
+        for j in range(len(chain) - 1, -1, -1):
+            slots = min(int(self.memory[chain[j]]), m)
+            hold = float(rc.node[chain[j]]) + after
+            rounds = -(-m // max(1, slots))
+            if slots < k_d:
+                out = max(out, (trip - hold) + rounds * hold + (rounds - 1) * self.op_gap)
+            if j:
+                after = hold + float(rc.edge[chain[j - 1], chain[j]])
+        return out
 
     def estimates(self, d: int, chains: np.ndarray) -> np.ndarray:
         """``estimate`` of data node ``d`` on each row of ``chains`` (C x k), with the round
@@ -85,10 +104,35 @@ class GroupCosts:
             hops = hops + rc.edge[c[:, j], c[:, j + 1]]
         hops = hops + rc.edge[c[:, -1], d]
         trips = rc.own[d] + nodes + hops
-        slots = np.minimum(int(self.memory[d]), self.memory[c].min(axis=1))
-        est = trip_floors(trips, float(rc.forward[d]), float(self.backward[d]), self.m, slots, self.inject_gap, self.op_gap)
+        est = trip_floors(trips, float(rc.forward[d]), float(self.backward[d]), self.m,
+                          np.full(len(c), int(self.memory[d])), self.inject_gap, self.op_gap)
         own_work = (self.m * (rc.node[c] + 2 * self.op_gap)).max(axis=1)
-        return np.where(np.isfinite(trips), np.maximum(est, own_work), np.inf)
+        est = np.maximum(np.maximum(est, own_work), self._held_rounds(d, c, trips))
+        return np.where(np.isfinite(trips), est, np.inf)
+
+    def _held_rounds(self, d: int, chains: np.ndarray, trips: np.ndarray) -> np.ndarray:
+        """Per chain (rows of ``chains``, round trips ``trips``): the latest finish its nodes'
+        slots force where a node has fewer slots than ``d`` (else 0). A visit holds one of its
+        node's slots from its forward to its backward: its own work, the visits after it, the
+        hops from it to ``d`` and back and the loss (``hold``). With k slots the m microbatches
+        pass in ceil(m / k) rounds of holds, and the rest of a round trip comes before and
+        after: ``trip - hold + rounds x hold``. So a one-slot node last in a chain costs six
+        short holds, first in it six whole round trips."""
+        rc, c, m = self.rc, chains, self.m
+        k_d = min(int(self.memory[d]), m)
+        out = np.zeros(len(c))
+        slots = np.minimum(self.memory[c], m)
+        if not (slots < k_d).any():
+            return out
+        after = (rc.own[d] - rc.node[d]) + rc.edge[c[:, -1], d]  # the loss and the hop to d and back
+        for j in range(c.shape[1] - 1, -1, -1):
+            hold = rc.node[c[:, j]] + after
+            rounds = -(-m // np.maximum(1, slots[:, j]))
+            term = (trips - hold) + rounds * hold + (rounds - 1) * self.op_gap
+            out = np.where(slots[:, j] < k_d, np.maximum(out, term), out)
+            if j:
+                after = hold + rc.edge[c[:, j - 1], c[:, j]]
+        return out
 
 
 # ----------------------------------------------------------------------------- fixed allocation

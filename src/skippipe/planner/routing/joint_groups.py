@@ -125,8 +125,27 @@ class _GroupSearch:
             chain = order[k + 1:] + order[:k]
             trip = float(gc.rc.own[d] + gc.rc.node[rest].sum() + tour)
             e = gc.estimate(d, trip, chain)
+            if gc.held_rounds(int(d), trip, chain) >= e > 0.0:  # the slots decide: other orders may do better
+                e, chain = self._slot_order(int(d), chain, e)
             if e < best[0]:
                 best = (e, [int(d), *chain])
+        return best
+
+    def _slot_order(self, d: int, chain: list[int], est: float) -> tuple[float, list[int]]:
+        """Where the slots of a chain node decide ``d``'s estimate, the tour is not the whole
+        story (a one-slot node first in the chain holds a slot for nearly a whole round trip,
+        last for its own visit, one hop out and back and the loss): the tour the other way
+        round and both ways sorted by slots (most first, stably) are estimated too, the
+        tour's kept on a tie. (Every order of every group made the group search about 6 x
+        slower on a 40-node cluster with S = 9, L = 5, and its plans no quicker.)"""
+        gc = self.gc
+        best = (est, chain)
+        back = chain[::-1]
+        for order in (back, *(sorted(c, key=lambda x: -min(int(gc.memory[x]), gc.m)) for c in (chain, back))):
+            if order != chain:
+                e = gc.estimate(d, gc.rc.round_trip(d, order), order)
+                if e < best[0] - 1e-9:
+                    best = (e, order)
         return best
 
     def _best_cycle(self, arr: np.ndarray) -> tuple[float, list[int]]:
