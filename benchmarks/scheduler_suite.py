@@ -80,6 +80,13 @@ def merged(old: list[dict], new: list[dict]) -> list[dict]:
     return out + list(by_key.values())
 
 
+def in_suite_order(rows: list[dict], cases: list[SuiteCase]) -> list[dict]:
+    """``rows`` in the order of ``cases`` (a cluster added to the suite lands in its place);
+    rows of clusters not in ``cases`` last, in their order."""
+    place = {(c.kind, c.cluster.n, c.num_stages, c.path_length): i for i, c in enumerate(cases)}
+    return sorted(rows, key=lambda r: place.get(_key(r), len(place)))
+
+
 def chart(rows: list[dict], path: Path) -> None:
     import matplotlib
 
@@ -135,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     for case in tqdm(cases, desc="suite", unit="cluster", disable=None, leave=False):
         rows.append(run_case(case, args.seed, methods))
         atomic_write_text(args.json, json.dumps({"seed": args.seed, "rows": merged(old, rows)}, indent=1) + "\n")
-    rows = merged(old, rows)
+    rows = in_suite_order(merged(old, rows), suite(seed=args.seed))
+    atomic_write_text(args.json, json.dumps({"seed": args.seed, "rows": rows}, indent=1) + "\n")
     print(head)
     print("-" * len(head))
     for r in rows:

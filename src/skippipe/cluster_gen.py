@@ -140,6 +140,7 @@ def suite(seed: int = 0, largest: int = 1000) -> list[SuiteCase]:
         SuiteCase("global uneven", random_global_cluster(24, seed + 1, speed=(0.5, 1.7)), 7, 4),
         SuiteCase("global uneven+mem", random_global_cluster(30, seed + 2, broken=0.1, **uneven), 8, 5),
         SuiteCase("global, 6 sites", random_global_cluster(40, seed + 3, sites=6, broken=0.1, **uneven), 9, 5),
+        SuiteCase("6 sites, mem 1-4 only", random_global_cluster(40, seed + 6, sites=6, broken=0.1, memory=(1, 4)), 9, 5),
     ]
     for table in TABLE_NAMES:
         for setting in SETTING_NAMES:
