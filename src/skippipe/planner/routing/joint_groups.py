@@ -5,7 +5,11 @@ the latest estimated finish (``groups.GroupCosts.estimate``; greedy groups of ne
 then node swaps between the latest group and the others), then hands out stage labels so that
 every stage gets its size and each chain visits its stages in increasing order, a valid path
 (``stage_windows``). Each data node
-then has a private chain (``groups``), so no two data nodes' microbatches meet.
+then has a private chain (``groups``), so no two data nodes' microbatches meet. Where the
+cluster has a few nodes more than the D groups of L take (41 nodes, L = 5, D = 8), those are
+in no group (the search swaps them with the latest group's nodes where that helps) and take
+the stages' places that the windows leave (``spare_places``); before, such clusters had no
+joint allocation at all.
 """
 
 from __future__ import annotations
@@ -171,9 +175,11 @@ def group_allocation(
     L = w.path_length
     n = problem.n
     D = sizes[0]
-    if D * L != n:
+    spared = spare_places(sizes, n - D * L)
+    if spared is None:
         return None
-    windows = stage_windows(sizes, D, w.max_swaps, w.max_jump)
+    chain_sizes, spare_stages = spared
+    windows = stage_windows(chain_sizes, D, w.max_swaps, w.max_jump)
     if windows is None:
         return None
     gc = GroupCosts.from_problem(problem)
@@ -197,11 +203,30 @@ def group_allocation(
         for x, s in zip(chain, win):
             stages[s].append(x)
         chains[d] = chain
+    grouped = {x for g in groups for x in g}
+    for s, x in zip(spare_stages, (x for x in range(n) if x not in grouped)):
+        stages[s].append(x)
     stages = [sorted(s) for s in stages]
     caps = problem.load_caps(stages)
     if any(caps[x] < gc.m for ch in chains.values() for x in ch):
         return None
     return stages, chains
+
+
+def spare_places(sizes: list[int], spare: int) -> tuple[list[int], list[int]] | None:
+    """Where the cluster has ``spare`` nodes more than D groups of L take (D = sizes[0]): the
+    stage sizes the chains fill and the stages the spare nodes go to (each to the stage with
+    the most places left, the later on a tie; the search may route through them later); None
+    where the groups need more nodes than there are."""
+    if spare < 0:
+        return None
+    need = list(sizes)
+    stages = []
+    for _ in range(spare):
+        s = max(range(1, len(need)), key=lambda k: (need[k], k))
+        need[s] -= 1
+        stages.append(s)
+    return need, stages
 
 
 def _searched_groups(
@@ -284,13 +309,24 @@ def _partners(search: _GroupSearch, groups: list[list[int]], worst: int, limit: 
 
 def _improve_groups(search: _GroupSearch, groups: list[list[int]], deadline: float | None) -> list[list[int]]:
     """Swap nodes between the latest group and any other while the swap lowers the larger of
-    the two estimates (node by node, best swap first)."""
+    the two estimates (node by node, best swap first), or between the latest group and the
+    nodes in no group (a cluster with more nodes than the groups take) while that lowers its
+    estimate."""
     est = [search.best(g)[0] for g in groups]
+    n = len(search.eligible)
     for _ in range(200 * len(groups)):
         if deadline is not None and time.perf_counter() > deadline:
             break
         worst = max(range(len(groups)), key=lambda i: (est[i], -i))
         best = None
+        grouped = {x for g in groups for x in g}
+        for a in range(len(groups[worst])):
+            for spare in (x for x in range(n) if x not in grouped):
+                g1 = list(groups[worst])
+                g1[a] = spare
+                e1 = search.best(g1)[0]
+                if e1 < est[worst] - 1e-9 and (best is None or (e1, e1) < best[0]):
+                    best = ((e1, e1), None, g1, None, e1, None)
         for h in _partners(search, groups, worst):
             for a in range(len(groups[worst])):
                 for b in range(len(groups[h])):
@@ -304,5 +340,7 @@ def _improve_groups(search: _GroupSearch, groups: list[list[int]], deadline: flo
         if best is None:
             break
         _, h, g1, g2, e1, e2 = best
-        groups[worst], groups[h], est[worst], est[h] = g1, g2, e1, e2
+        groups[worst], est[worst] = g1, e1
+        if h is not None:
+            groups[h], est[h] = g2, e2
     return groups
