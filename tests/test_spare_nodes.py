@@ -4,11 +4,13 @@ the chains leave."""
 
 from __future__ import annotations
 
+from unittest.mock import patch
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from skippipe.cluster import parse_preset
-from skippipe.cluster_gen import random_global_cluster
+from skippipe.cluster_gen import random_global_cluster, suite
 from skippipe.planfile import plan_violations
 from skippipe.planner.methods import make_plan
 from skippipe.planner.problem import build_problem
@@ -49,3 +51,28 @@ def test_a_preset_with_one_node_more_than_its_groups_plans_on_them():
     plan = make_plan("skippipe", problem, seed=0)
     assert not plan_violations(plan)
     assert plan.predicted_makespan_s < 0.95 * 66.60
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000), n=st.sampled_from([12, 13, 15, 16, 18, 21]),
+       spread=st.sampled_from([1.15, 1.3, 1.6, 2.0]))
+def test_the_cap_check_refuses_only_what_the_allocation_would_refuse(seed, n, spread):
+    # ``_enough_chain_nodes`` skips the group search where chains cannot get their TC1 caps:
+    # never where the search's allocation would have passed its own check (with m = 8 a node
+    # about 1/8 slower than the average visited one has a cap under m: of 144 such clusters
+    # the check refuses 54)
+    cluster = random_global_cluster(n, seed, sites=3, speed=(1.0, spread))
+    problem = build_problem(cluster, Workload(num_stages=4, path_length=3, microbatches_per_data_node=8))
+    D = int(problem.stage_sizes[0])
+    if joint_groups._enough_chain_nodes(problem, D):
+        return
+    with patch.object(joint_groups, "_enough_chain_nodes", lambda *_: True):
+        assert joint_groups.group_allocation(problem, seed) is None
+
+
+def test_the_cap_check_skips_the_suites_uneven_six_sites():
+    case = next(c for c in suite(0, largest=40) if c.kind == "global, 6 sites")
+    problem = build_problem(case.cluster, case.workload())
+    assert not joint_groups._enough_chain_nodes(problem, int(problem.stage_sizes[0]))
+    with patch.object(joint_groups, "_enough_chain_nodes", lambda *_: True):
+        assert joint_groups.group_allocation(problem) is None  # searched only to be refused

@@ -25,6 +25,7 @@ from skippipe.planfile import path_rule_violation
 from skippipe.planner.problem import Problem
 from skippipe.planner.routing.groups import GroupCosts
 from skippipe.planner.routing.sequences import stage_sequences
+from skippipe.workload import tc1_caps
 
 
 def stage_windows(sizes: list[int], groups: int, max_swaps: int, max_jump: int) -> list[list[int]] | None:
@@ -180,7 +181,7 @@ def group_allocation(
         return None
     chain_sizes, spare_stages = spared
     windows = stage_windows(chain_sizes, D, w.max_swaps, w.max_jump)
-    if windows is None:
+    if windows is None or not _enough_chain_nodes(problem, D):
         return None
     gc = GroupCosts.from_problem(problem)
     from skippipe.planner.allocation import data_node_candidates
@@ -211,6 +212,34 @@ def group_allocation(
     if any(caps[x] < gc.m for ch in chains.values() for x in ch):
         return None
     return stages, chains
+
+
+def _enough_chain_nodes(problem: Problem, D: int) -> bool:
+    """Whether D x (L-1) nodes can have a TC1 cap of m, as chain nodes must (each takes all m
+    microbatches of its data node). A node's cap is at most its share of the visits by speed
+    among the nodes outside stage 0 with stage 0 as fast as it can be (loosened by a
+    billionth, past rounding); a node whose cap stays under m is a data node or a spare, so
+    stage 0 holds at least that many of them less the spares, which slows it and lowers
+    every cap: repeated until nothing changes (a cap grows with speed, so those nodes are the
+    slowest). There must be places for them in stage 0 and among the spares. Where compute is
+    uneven enough the groups would only be searched to be refused (1.2 s of the suite's
+    40-node 6-sites cluster)."""
+    w = problem.workload
+    m = w.microbatches_per_data_node
+    chain_nodes = D * (w.path_length - 1)
+    spare = problem.n - D - chain_nodes
+    speed = 1.0 / np.asarray(problem.forward_s, dtype=float)
+    low = np.zeros(problem.n, dtype=bool)
+    while True:
+        forced = min(D, max(0, int(low.sum()) - spare))  # low nodes stage 0 must hold
+        fastest = np.sort(speed[low])[::-1][:forced].sum() + np.sort(speed[~low])[::-1][:D - forced].sum()
+        caps = tc1_caps(speed, D * m * (w.path_length - 1), float(speed.sum() - fastest) * (1.0 - 1e-9))
+        now = caps < m
+        if int(now.sum()) > D + spare:  # else the nodes that can take a cap of m fill the chains
+            return False
+        if (now == low).all():
+            return True
+        low = now
 
 
 def spare_places(sizes: list[int], spare: int) -> tuple[list[int], list[int]] | None:
