@@ -14,7 +14,8 @@ from skippipe.cluster_gen import random_global_cluster, suite
 from skippipe.planfile import plan_violations
 from skippipe.planner.methods import make_plan
 from skippipe.planner.problem import build_problem
-from skippipe.planner.routing import joint_groups
+from skippipe.planner.routing import joint_groups, static
+from skippipe.planner.routing.candidates import stage_orders
 from skippipe.workload import Workload
 
 
@@ -76,3 +77,25 @@ def test_the_cap_check_skips_the_suites_uneven_six_sites():
     assert not joint_groups._enough_chain_nodes(problem, int(problem.stage_sizes[0]))
     with patch.object(joint_groups, "_enough_chain_nodes", lambda *_: True):
         assert joint_groups.group_allocation(problem) is None  # searched only to be refused
+
+
+@settings(max_examples=10, deadline=None)
+@given(seed=st.integers(0, 10_000), short=st.integers(1, 3))
+def test_where_nodes_are_short_the_groups_leave_data_nodes_to_share(seed, short):
+    # 40 - short nodes with eight data nodes (S = 9, L = 5): seven groups, the data nodes left
+    # over in stage 0 without a chain, and every stage its size; the routing gives every data
+    # node its m microbatches, the chains' data nodes on their chains
+    n = 8 * 5 - short
+    problem = build_problem(random_global_cluster(n, seed, sites=6, broken=0.1, memory=(1, 4)),
+                            Workload(num_stages=9, path_length=5, stage_sizes=(8, 4, 4, 4, 4, 4, 4, 4, 4 - short)))
+    found = joint_groups.group_allocation(problem, seed)
+    assert found is not None
+    stages, chains = found
+    assert [len(s) for s in stages] == list(problem.stage_sizes)
+    assert len(chains) == 7 and set(chains) < set(stages[0])
+    routes = static.routes_on_chains(problem, stages, problem.load_caps(stages), stage_orders(problem, stages), chains,
+                                     lambda r: 0.0)
+    assert routes is not None
+    m = problem.workload.microbatches_per_data_node
+    assert sorted(d for d, _ in routes) == sorted(d for d in stages[0] for _ in range(m))
+    assert all(list(path) == chains[d] for d, path in routes if d in chains)

@@ -8,8 +8,11 @@ every stage gets its size and each chain visits its stages in increasing order, 
 then has a private chain (``groups``), so no two data nodes' microbatches meet. Where the
 cluster has a few nodes more than the D groups of L take (41 nodes, L = 5, D = 8), those are
 in no group (the search swaps them with the latest group's nodes where that helps) and take
-the stages' places that the windows leave (``spare_places``); before, such clusters had no
-joint allocation at all.
+the stages' places that the windows leave (``spare_places``). Where it has too few (43 nodes,
+L = 5, D = 9: 34 nodes for nine chains of four), G = (N - D) // (L - 1) groups are searched,
+the D - G data nodes left over are chosen first (``_leftover_data_nodes``) and share visited
+nodes as ``static.routes_on_chains`` routes them. Before, neither kind of cluster had a joint
+allocation at all.
 """
 
 from __future__ import annotations
@@ -104,6 +107,7 @@ class _GroupSearch:
         self.perms = perms
         self.known: dict[tuple[int, ...], tuple[float, list[int]]] = {}
         self.work = 0  # chain orders estimated so far (groups not met before x their orders)
+        self.outside: set[int] = set()  # nodes no group may take (the data nodes left without a chain)
 
     def best(self, nodes: list[int]) -> tuple[float, list[int]]:
         """Best role split of one group: (estimate, [data node, chain...]); remembered by the
@@ -176,12 +180,13 @@ def group_allocation(
     L = w.path_length
     n = problem.n
     D = sizes[0]
-    spared = spare_places(sizes, n - D * L)
-    if spared is None:
+    G = min(D, (n - D) // (L - 1)) if L > 1 else D  # groups: D, or fewer where nodes are short
+    spared = spare_places(sizes, n - D - G * (L - 1))
+    if spared is None or G < 1:
         return None
     chain_sizes, spare_stages = spared
-    windows = stage_windows(chain_sizes, D, w.max_swaps, w.max_jump)
-    if windows is None or not _enough_chain_nodes(problem, D):
+    windows = stage_windows(chain_sizes, G, w.max_swaps, w.max_jump)
+    if windows is None or not _enough_chain_nodes(problem, D, G):
         return None
     gc = GroupCosts.from_problem(problem)
     from skippipe.planner.allocation import data_node_candidates
@@ -189,7 +194,11 @@ def group_allocation(
     eligible = np.zeros(n, dtype=bool)
     eligible[data_node_candidates(problem)] = True
     search = _GroupSearch(gc, eligible, L)
-    groups = _searched_groups(search, n, D, L, seed, deadline)
+    leftover = _leftover_data_nodes(gc, eligible, D - G, L)
+    if leftover is None:
+        return None
+    search.outside = set(leftover)
+    groups = _searched_groups(search, n, G, L, seed, deadline)
     if groups is None:
         return None
     # stage labels: the i-th chain node gets the i-th smallest stage of its window; the
@@ -204,8 +213,9 @@ def group_allocation(
         for x, s in zip(chain, win):
             stages[s].append(x)
         chains[d] = chain
-    grouped = {x for g in groups for x in g}
-    for s, x in zip(spare_stages, (x for x in range(n) if x not in grouped)):
+    taken = {x for g in groups for x in g} | search.outside
+    stages[0] += leftover
+    for s, x in zip(spare_stages, (x for x in range(n) if x not in taken)):
         stages[s].append(x)
     stages = [sorted(s) for s in stages]
     caps = problem.load_caps(stages)
@@ -214,8 +224,24 @@ def group_allocation(
     return stages, chains
 
 
-def _enough_chain_nodes(problem: Problem, D: int) -> bool:
-    """Whether D x (L-1) nodes can have a TC1 cap of m, as chain nodes must (each takes all m
+def _leftover_data_nodes(gc: GroupCosts, eligible: np.ndarray, k: int, L: int) -> list[int] | None:
+    """Where the nodes are too few for D groups, the k data nodes without a chain, chosen
+    before the groups (which would leave them the nodes no data node wants): the eligible
+    ones with the most slots (more of their microbatches in flight while they share visited
+    nodes), then the nearest to their 2 (L-1) nearest nodes (their shared paths); None where
+    too few are eligible."""
+    pool = np.flatnonzero(eligible)
+    if len(pool) < k:
+        return None
+    edge = gc.rc.edge.copy()
+    np.fill_diagonal(edge, math.inf)
+    near = np.sort(edge[pool], axis=1)[:, :2 * (L - 1)].sum(axis=1)
+    order = sorted(range(len(pool)), key=lambda i: (-int(gc.memory[pool[i]]), float(near[i]), int(pool[i])))
+    return [int(pool[i]) for i in order[:k]]
+
+
+def _enough_chain_nodes(problem: Problem, D: int, G: int | None = None) -> bool:
+    """Whether G x (L-1) nodes (G = D by default) can have a TC1 cap of m, as chain nodes must (each takes all m
     microbatches of its data node). A node's cap is at most its share of the visits by speed
     among the nodes outside stage 0 with stage 0 as fast as it can be (loosened by a
     billionth, past rounding); a node whose cap stays under m is a data node or a spare, so
@@ -226,7 +252,7 @@ def _enough_chain_nodes(problem: Problem, D: int) -> bool:
     40-node 6-sites cluster)."""
     w = problem.workload
     m = w.microbatches_per_data_node
-    chain_nodes = D * (w.path_length - 1)
+    chain_nodes = (D if G is None else G) * (w.path_length - 1)
     spare = problem.n - D - chain_nodes
     speed = 1.0 / np.asarray(problem.forward_s, dtype=float)
     low = np.zeros(problem.n, dtype=bool)
@@ -295,6 +321,7 @@ def _initial_groups(
     node), with its nearest free nodes."""
     edge = search.gc.rc.edge
     free = np.ones(n, dtype=bool)
+    free[list(search.outside)] = False
     groups: list[list[int]] = []
     for _ in range(D):
         idx = np.flatnonzero(free)
@@ -350,7 +377,7 @@ def _improve_groups(search: _GroupSearch, groups: list[list[int]], deadline: flo
         best = None
         grouped = {x for g in groups for x in g}
         for a in range(len(groups[worst])):
-            for spare in (x for x in range(n) if x not in grouped):
+            for spare in (x for x in range(n) if x not in grouped and x not in search.outside):
                 g1 = list(groups[worst])
                 g1[a] = spare
                 e1 = search.best(g1)[0]

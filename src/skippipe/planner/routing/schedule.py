@@ -97,7 +97,7 @@ from skippipe.planner.routing.joint_groups import group_allocation
 from skippipe.planner.routing.ordered import improve_orders, ordered_chains
 from skippipe.planner.routing.search import RouteSearch, SearchLimits
 from skippipe.planner.routing.slow_links import SwapWork
-from skippipe.planner.routing.static import chain_candidate, chain_routes, static_routes
+from skippipe.planner.routing.static import chain_candidate, routes_on_chains, static_routes
 from skippipe.sim import simulate
 
 # ----------------------------------------------------------------------------- helpers
@@ -259,7 +259,6 @@ def _start(
     """Candidates 1-9 of the module text on the allocation of ``seed`` (and its joint allocation);
     ``packing``: candidate 7 too (only the user's seed's start builds it)."""
     limits = SearchLimits(budget=budget, deadline=deadline)
-    m = problem.workload.microbatches_per_data_node
     stages = _allocation(problem, seed, None if deadline is None else 0.25 * float(time_limit_s))
     seqs = stage_orders(problem, stages)
     caps = problem.load_caps(stages)
@@ -286,9 +285,11 @@ def _start(
         if grouped is not None:
             g_stages, g_chains = grouped
             g_ev = Evaluator(problem, g_stages)
-            evaluators[id(g_stages)] = g_ev
-            routes = chain_routes(g_stages, g_chains, m)
-            cands.append(Candidate(GROUPS, g_stages, routes, g_ev.score(routes)))
+            routes = routes_on_chains(problem, g_stages, problem.load_caps(g_stages), stage_orders(problem, g_stages),
+                                      g_chains, g_ev.score)
+            if routes is not None:
+                evaluators[id(g_stages)] = g_ev
+                cands.append(Candidate(GROUPS, g_stages, routes, g_ev.score(routes)))
     work = SwapWork()
     slow = slow_link_candidate(problem, cands, dealings, work)
     if slow is not None:

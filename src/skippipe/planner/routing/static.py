@@ -89,6 +89,22 @@ def chain_candidate(
     return min(routings, key=score) if score is not None and len(routings) > 1 else routings[0]
 
 
+def routes_on_chains(
+    problem: Problem, stages: list[list[int]], caps: list[int], seqs: tuple[tuple[int, ...], ...],
+    chains: dict[int, list[int]], score: Callable[[list[Route]], Score],
+) -> list[Route] | None:
+    """Every data node on its chain (``chains``, e.g. the joint allocation's); the data nodes
+    without one as ``chain_candidate`` routes them, gathered or shared, the quicker by
+    ``score``; None where neither routes them."""
+    m = problem.workload.microbatches_per_data_node
+    if len(chains) == len(stages[0]):
+        return chain_routes(stages, chains, m)
+    routings = [_gathered_leftovers(problem, stages, caps, seqs, chains),
+                _chain_routing(problem, stages, caps, dict(chains))]
+    routings = [r for r in routings if r is not None]
+    return min(routings, key=score) if routings else None
+
+
 def _chain_routing(
     problem: Problem, stages: list[list[int]], caps: list[int], chains: dict[int, list[int]]
 ) -> list[Route] | None:
