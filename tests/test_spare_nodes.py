@@ -1,5 +1,5 @@
 """The joint allocation on clusters with a few nodes more than its groups take
-(``joint_groups.spare_places``): the spare nodes are in no chain and fill the stages' places
+(``group_places.spare_places``): the spare nodes are in no chain and fill the stages' places
 the chains leave."""
 
 from __future__ import annotations
@@ -14,16 +14,16 @@ from skippipe.cluster_gen import random_global_cluster, suite
 from skippipe.planfile import plan_violations
 from skippipe.planner.methods import make_plan
 from skippipe.planner.problem import build_problem
-from skippipe.planner.routing import joint_groups, static
+from skippipe.planner.routing import group_places, joint_groups, static
 from skippipe.planner.routing.candidates import stage_orders
 from skippipe.workload import Workload
 
 
 def test_spare_places_go_to_the_stages_with_the_most_places():
-    assert joint_groups.spare_places([8, 5, 4, 4, 4], 1) == ([8, 4, 4, 4, 4], [1])
-    assert joint_groups.spare_places([8, 5, 5, 4, 4], 2) == ([8, 4, 4, 4, 4], [2, 1])
-    assert joint_groups.spare_places([8, 4, 4, 4, 4], 0) == ([8, 4, 4, 4, 4], [])
-    assert joint_groups.spare_places([9, 4, 4, 4, 4], -1) is None  # the groups need more nodes
+    assert group_places.spare_places([8, 5, 4, 4, 4], 1) == ([8, 4, 4, 4, 4], [1])
+    assert group_places.spare_places([8, 5, 5, 4, 4], 2) == ([8, 4, 4, 4, 4], [2, 1])
+    assert group_places.spare_places([8, 4, 4, 4, 4], 0) == ([8, 4, 4, 4, 4], [])
+    assert group_places.spare_places([9, 4, 4, 4, 4], -1) is None  # the groups need more nodes
 
 
 @settings(max_examples=12, deadline=None)
@@ -58,24 +58,24 @@ def test_a_preset_with_one_node_more_than_its_groups_plans_on_them():
 @given(seed=st.integers(0, 10_000), n=st.sampled_from([12, 13, 15, 16, 18, 21]),
        spread=st.sampled_from([1.15, 1.3, 1.6, 2.0]))
 def test_the_cap_check_refuses_only_what_the_allocation_would_refuse(seed, n, spread):
-    # ``_enough_chain_nodes`` skips the group search where chains cannot get their TC1 caps:
+    # ``group_places.enough_chain_nodes`` skips the group search where chains cannot get their TC1 caps:
     # never where the search's allocation would have passed its own check (with m = 8 a node
     # about 1/8 slower than the average visited one has a cap under m: of 144 such clusters
     # the check refuses 54)
     cluster = random_global_cluster(n, seed, sites=3, speed=(1.0, spread))
     problem = build_problem(cluster, Workload(num_stages=4, path_length=3, microbatches_per_data_node=8))
     D = int(problem.stage_sizes[0])
-    if joint_groups._enough_chain_nodes(problem, D):
+    if group_places.enough_chain_nodes(problem, D):
         return
-    with patch.object(joint_groups, "_enough_chain_nodes", lambda *_: True):
+    with patch.object(joint_groups, "enough_chain_nodes", lambda *_: True):
         assert joint_groups.group_allocation(problem, seed) is None
 
 
 def test_the_cap_check_skips_the_suites_uneven_six_sites():
     case = next(c for c in suite(0, largest=40) if c.kind == "global, 6 sites")
     problem = build_problem(case.cluster, case.workload())
-    assert not joint_groups._enough_chain_nodes(problem, int(problem.stage_sizes[0]))
-    with patch.object(joint_groups, "_enough_chain_nodes", lambda *_: True):
+    assert not group_places.enough_chain_nodes(problem, int(problem.stage_sizes[0]))
+    with patch.object(joint_groups, "enough_chain_nodes", lambda *_: True):
         assert joint_groups.group_allocation(problem) is None  # searched only to be refused
 
 

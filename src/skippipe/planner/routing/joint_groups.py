@@ -8,9 +8,9 @@ every stage gets its size and each chain visits its stages in increasing order, 
 then has a private chain (``groups``), so no two data nodes' microbatches meet. Where the
 cluster has a few nodes more than the D groups of L take (41 nodes, L = 5, D = 8), those are
 in no group (the search swaps them with the latest group's nodes where that helps) and take
-the stages' places that the windows leave (``spare_places``). Where it has too few (43 nodes,
+the stages' places that the windows leave (``group_places.spare_places``). Where it has too few (43 nodes,
 L = 5, D = 9: 34 nodes for nine chains of four), G = (N - D) // (L - 1) groups are searched,
-the D - G data nodes left over are chosen first (``_leftover_data_nodes``) and share visited
+the D - G data nodes left over are chosen first (``group_places.leftover_data_nodes``) and share visited
 nodes as ``static.routes_on_chains`` routes them. Before, neither kind of cluster had a joint
 allocation at all.
 """
@@ -26,9 +26,9 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 
 from skippipe.planfile import path_rule_violation
 from skippipe.planner.problem import Problem
+from skippipe.planner.routing.group_places import enough_chain_nodes, leftover_data_nodes, spare_places
 from skippipe.planner.routing.groups import GroupCosts
 from skippipe.planner.routing.sequences import stage_sequences
-from skippipe.workload import tc1_caps
 
 
 def stage_windows(sizes: list[int], groups: int, max_swaps: int, max_jump: int) -> list[list[int]] | None:
@@ -186,7 +186,7 @@ def group_allocation(
         return None
     chain_sizes, spare_stages = spared
     windows = stage_windows(chain_sizes, G, w.max_swaps, w.max_jump)
-    if windows is None or not _enough_chain_nodes(problem, D, G):
+    if windows is None or not enough_chain_nodes(problem, D, G):
         return None
     gc = GroupCosts.from_problem(problem)
     from skippipe.planner.allocation import data_node_candidates
@@ -194,7 +194,7 @@ def group_allocation(
     eligible = np.zeros(n, dtype=bool)
     eligible[data_node_candidates(problem)] = True
     search = _GroupSearch(gc, eligible, L)
-    leftover = _leftover_data_nodes(gc, eligible, D - G, L)
+    leftover = leftover_data_nodes(gc, eligible, D - G, L)
     if leftover is None:
         return None
     search.outside = set(leftover)
@@ -222,66 +222,6 @@ def group_allocation(
     if any(caps[x] < gc.m for ch in chains.values() for x in ch):
         return None
     return stages, chains
-
-
-def _leftover_data_nodes(gc: GroupCosts, eligible: np.ndarray, k: int, L: int) -> list[int] | None:
-    """Where the nodes are too few for D groups, the k data nodes without a chain, chosen
-    before the groups (which would leave them the nodes no data node wants): the eligible
-    ones with the most slots (more of their microbatches in flight while they share visited
-    nodes), then the nearest to their 2 (L-1) nearest nodes (their shared paths); None where
-    too few are eligible."""
-    pool = np.flatnonzero(eligible)
-    if len(pool) < k:
-        return None
-    edge = gc.rc.edge.copy()
-    np.fill_diagonal(edge, math.inf)
-    near = np.sort(edge[pool], axis=1)[:, :2 * (L - 1)].sum(axis=1)
-    order = sorted(range(len(pool)), key=lambda i: (-int(gc.memory[pool[i]]), float(near[i]), int(pool[i])))
-    return [int(pool[i]) for i in order[:k]]
-
-
-def _enough_chain_nodes(problem: Problem, D: int, G: int | None = None) -> bool:
-    """Whether G x (L-1) nodes (G = D by default) can have a TC1 cap of m, as chain nodes must (each takes all m
-    microbatches of its data node). A node's cap is at most its share of the visits by speed
-    among the nodes outside stage 0 with stage 0 as fast as it can be (loosened by a
-    billionth, past rounding); a node whose cap stays under m is a data node or a spare, so
-    stage 0 holds at least that many of them less the spares, which slows it and lowers
-    every cap: repeated until nothing changes (a cap grows with speed, so those nodes are the
-    slowest). There must be places for them in stage 0 and among the spares. Where compute is
-    uneven enough the groups would only be searched to be refused (1.2 s of the suite's
-    40-node 6-sites cluster)."""
-    w = problem.workload
-    m = w.microbatches_per_data_node
-    chain_nodes = (D if G is None else G) * (w.path_length - 1)
-    spare = problem.n - D - chain_nodes
-    speed = 1.0 / np.asarray(problem.forward_s, dtype=float)
-    low = np.zeros(problem.n, dtype=bool)
-    while True:
-        forced = min(D, max(0, int(low.sum()) - spare))  # low nodes stage 0 must hold
-        fastest = np.sort(speed[low])[::-1][:forced].sum() + np.sort(speed[~low])[::-1][:D - forced].sum()
-        caps = tc1_caps(speed, D * m * (w.path_length - 1), float(speed.sum() - fastest) * (1.0 - 1e-9))
-        now = caps < m
-        if int(now.sum()) > D + spare:  # else the nodes that can take a cap of m fill the chains
-            return False
-        if (now == low).all():
-            return True
-        low = now
-
-
-def spare_places(sizes: list[int], spare: int) -> tuple[list[int], list[int]] | None:
-    """Where the cluster has ``spare`` nodes more than D groups of L take (D = sizes[0]): the
-    stage sizes the chains fill and the stages the spare nodes go to (each to the stage with
-    the most places left, the later on a tie; the search may route through them later); None
-    where the groups need more nodes than there are."""
-    if spare < 0:
-        return None
-    need = list(sizes)
-    stages = []
-    for _ in range(spare):
-        s = max(range(1, len(need)), key=lambda k: (need[k], k))
-        need[s] -= 1
-        stages.append(s)
-    return need, stages
 
 
 def _searched_groups(
