@@ -281,7 +281,7 @@ def _start(
         evaluators[id(dn_cand.stages)] = Evaluator(problem, dn_cand.stages)
         cands.append(dn_cand)
     if problem.fixed_stages is None:
-        grouped = group_allocation(problem, seed, deadline)
+        grouped = group_allocation(problem, seed, deadline, leftovers=thorough)
         if grouped is not None:
             g_stages, g_chains = grouped
             g_ev = Evaluator(problem, g_stages)
