@@ -30,8 +30,8 @@ def leftover_data_nodes(gc: GroupCosts, eligible: np.ndarray, k: int, L: int) ->
 
 
 def enough_chain_nodes(problem: Problem, D: int, G: int | None = None) -> bool:
-    """Whether G x (L-1) nodes (G = D by default) can have a TC1 cap of m, as chain nodes must (each takes all m
-    microbatches of its data node). A node's cap is at most its share of the visits by speed
+    """Whether G x (L-1) nodes (G = D by default) can have a TC1 cap of m, as chain nodes
+    must (each takes all m microbatches of its data node). A node's cap is at most its share of the visits by speed
     among the nodes outside stage 0 with stage 0 as fast as it can be (loosened by a
     billionth, past rounding); a node whose cap stays under m is a data node or a spare, so
     stage 0 holds at least that many of them less the spares, which slows it and lowers

@@ -4,14 +4,14 @@
 the latest estimated finish (``groups.GroupCosts.estimate``; greedy groups of near neighbours,
 then node swaps between the latest group and the others), then hands out stage labels so that
 every stage gets its size and each chain visits its stages in increasing order, a valid path
-(``stage_windows``). Each data node
-then has a private chain (``groups``), so no two data nodes' microbatches meet. Where the
-cluster has a few nodes more than the D groups of L take (41 nodes, L = 5, D = 8), those are
-in no group (the search swaps them with the latest group's nodes where that helps) and take
-the stages' places that the windows leave (``group_places.spare_places``). Where it has too few (43 nodes,
-L = 5, D = 9: 34 nodes for nine chains of four), G = (N - D) // (L - 1) groups are searched,
-the D - G data nodes left over are chosen first (``group_places.leftover_data_nodes``) and share visited
-nodes as ``static.routes_on_chains`` routes them. Before, neither kind of cluster had a joint
+(``stage_windows``). Each data node then has a private chain (``groups``), so no two data
+nodes' microbatches meet. Where the cluster has a few nodes more than the D groups of L take
+(41 nodes, L = 5, D = 8), those are in no group (the search swaps them with the latest
+group's nodes where that helps) and take the stages' places that the windows leave
+(``group_places.spare_places``). Where it has too few (43 nodes, L = 5, D = 9: 34 nodes for
+nine chains of four), G = (N - D) // (L - 1) groups are searched, the D - G data nodes left
+over are chosen first (``group_places.leftover_data_nodes``) and share visited nodes as
+``static.routes_on_chains`` routes them. Before, neither kind of cluster had a joint
 allocation at all.
 """
 
