@@ -63,15 +63,20 @@ class GroupCosts:
 
     def estimate(self, d: int, round_trip: float, chain: list[int] | tuple[int, ...] = ()) -> float:
         """Estimated finish of data node ``d`` with all its microbatches on one chain: the
-        data node's ``trip_floor``, a chain node's own work if that is longer, or the rounds
-        of a chain node with fewer slots than ``d`` (``_held_rounds``) if those are."""
+        larger of ``work_floor`` and the rounds of a chain node with fewer slots than ``d``
+        (``held_rounds``)."""
         if not math.isfinite(round_trip):
             return math.inf
+        return max(self.work_floor(d, round_trip, chain), self.held_rounds(d, round_trip, chain))
+
+    def work_floor(self, d: int, round_trip: float, chain: list[int] | tuple[int, ...]) -> float:
+        """The data node's ``trip_floor`` with its own slots, or a chain node's own work if
+        that is longer (``estimate`` without the chain nodes' slots; a finite round trip)."""
         est = trip_floor(round_trip, float(self.rc.forward[d]), float(self.backward[d]), self.m, int(self.memory[d]),
                          self.inject_gap, self.op_gap)
         for x in chain:
             est = max(est, self.m * (float(self.rc.node[x]) + 2 * self.op_gap))
-        return max(est, self.held_rounds(d, round_trip, chain))
+        return est
 
     def held_rounds(self, d: int, trip: float, chain: list[int] | tuple[int, ...]) -> float:
         """``_held_rounds`` of one chain, in plain floats (the same operations in the same

@@ -133,8 +133,9 @@ class _GroupSearch:
             k = order.index(int(d))
             chain = order[k + 1:] + order[:k]
             trip = float(gc.rc.own[d] + gc.rc.node[rest].sum() + tour)
-            e = gc.estimate(d, trip, chain)
-            if gc.held_rounds(int(d), trip, chain) >= e > 0.0:  # the slots decide: other orders may do better
+            held = gc.held_rounds(int(d), trip, chain)
+            e = max(gc.work_floor(int(d), trip, chain), held) if math.isfinite(trip) else math.inf  # ``estimate``
+            if held >= e > 0.0:  # the slots decide: other orders may do better
                 e, chain = self._slot_order(int(d), chain, e)
             if e < best[0]:
                 best = (e, [int(d), *chain])
@@ -315,14 +316,19 @@ def _improve_groups(search: _GroupSearch, groups: list[list[int]], deadline: flo
     estimate."""
     est = [search.best(g)[0] for g in groups]
     n = len(search.eligible)
+
+    def in_no_group() -> list[int]:
+        taken = {x for g in groups for x in g} | search.outside
+        return [x for x in range(n) if x not in taken]
+
+    spares = in_no_group()
     for _ in range(200 * len(groups)):
         if deadline is not None and time.perf_counter() > deadline:
             break
         worst = max(range(len(groups)), key=lambda i: (est[i], -i))
         best = None
-        grouped = {x for g in groups for x in g}
         for a in range(len(groups[worst])):
-            for spare in (x for x in range(n) if x not in grouped and x not in search.outside):
+            for spare in spares:
                 g1 = list(groups[worst])
                 g1[a] = spare
                 e1 = search.best(g1)[0]
@@ -344,4 +350,6 @@ def _improve_groups(search: _GroupSearch, groups: list[list[int]], deadline: flo
         groups[worst], est[worst] = g1, e1
         if h is not None:
             groups[h], est[h] = g2, e2
+        else:
+            spares = in_no_group()  # a spare swapped in, a member out
     return groups
