@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from skippipe.cluster_gen import random_global_cluster, single_site_cluster
+from skippipe.cluster_gen import random_global_cluster, single_site_cluster, suite
 from skippipe.planfile import plan_violations
 from skippipe.planner import methods
 from skippipe.planner.problem import build_problem
@@ -57,12 +57,36 @@ def test_grouped_plan_is_valid_and_keeps_each_group_to_itself(small_split):
     assert plan.predicted_makespan_s == pytest.approx(simulate(plan, record=False).makespan_s)
 
 
+def test_from_32_nodes_two_groups_of_sites_are_tried():
+    assert G.SPLIT_NODES == 2 * G.GROUP_NODES  # the least cluster that splits into two groups
+    groups = G.site_groups(build_problem(random_global_cluster(33, seed=3, sites=2), WORKLOAD))
+    assert groups is not None and sorted(len(g) for g in groups) == [16, 17]
+
+
+def test_the_whole_search_beside_the_groups_has_all_its_budget_below_48_nodes():
+    small = build_problem(random_global_cluster(G.HALF_BUDGET_NODES - 1, seed=1, sites=4), WORKLOAD)
+    large = build_problem(random_global_cluster(G.HALF_BUDGET_NODES, seed=1, sites=4), WORKLOAD)
+    assert G.whole_budget(small) is None  # the default search: never slower than it alone
+    assert G.whole_budget(large) == default_budget(large) // 2
+
+
+def test_a_40_node_cluster_of_six_sites_is_planned_in_groups():
+    """The suite's "global, 6 sites" of seed 2: planned whole only, as before the candidate
+    was tried from 32 nodes, it took 62.36 s; the groups of sites plan it at 59.86 s."""
+    case = next(c for c in suite(2, largest=40) if c.kind == "global, 6 sites")
+    problem = build_problem(case.cluster, case.workload())
+    plan = methods.make_plan("skippipe", problem, seed=2)
+    assert plan_violations(plan) == []
+    assert plan.meta["candidate"] == G.CANDIDATE
+    assert plan.predicted_makespan_s < 0.97 * 62.36
+
+
 @pytest.mark.parametrize("seed", [3, 5])  # on 3 the whole plan is quicker, on 5 the grouped one
 def test_skippipe_keeps_the_quicker_of_whole_and_grouped(small_split, seed):
     problem = build_problem(random_global_cluster(30, seed=seed, sites=3, speed=(0.5, 2.0), memory=(1, 4)), WORKLOAD)
     groups = G.site_groups(problem)
     assert groups is not None
-    whole = plan_skippipe(problem, seed=0, budget=default_budget(problem) // 2,
+    whole = plan_skippipe(problem, seed=0, budget=G.whole_budget(problem),
                           fallbacks=lambda stages: methods._fallbacks(problem, stages, seed=0))
     grouped = G.grouped_plan(problem, groups, seed=0, time_limit_s=None)
     plan = methods.make_plan("skippipe", problem, seed=0)

@@ -9,9 +9,10 @@ cluster of 12 GCP regions planned at 66.31 s, while the same search on groups of
 regions each, merged, gives 61.90 s. Groups are not always better (a cluster with a node per
 site and one slot per node: 162.96 s whole against 263.04 s in groups), so both are planned:
 
-1. the search over the whole cluster (``plan_skippipe`` with its fallbacks) on half its default
-   budget (measured on ten 75-116-node clusters: 0-2.7 % slower plans than the full budget, in
-   55-60 % of the time);
+1. the search over the whole cluster (``plan_skippipe`` with its fallbacks), from
+   ``HALF_BUDGET_NODES`` nodes on half its default budget (measured on ten 75-116-node
+   clusters: 0-2.7 % slower plans than the full budget, in 55-60 % of the time), below on all
+   of it (the plan is then never slower than the whole search alone);
 2. ``decompose.locality_groups`` of at least ``GROUP_NODES`` nodes (a site, or near sites
    joined), stage sizes by ``decompose.apportion``, each group planned with
    ``decompose.GROUP_BUDGET`` simulations; data nodes moved between groups by the groups'
@@ -51,7 +52,15 @@ from skippipe.planner.routing.schedule import plan_skippipe, quickest
 from skippipe.planner.routing.workers import DEFAULT_WORKERS, GroupPlanner
 from skippipe.sim import simulate
 
-SPLIT_NODES = 48  # clusters from this many nodes get the candidate
+# clusters from this many nodes get the candidate (two groups of GROUP_NODES). From 48 until
+# 2026-11-29; at 32-47 nodes, where the planning workers run the whole search beside the groups,
+# it made 21 of 91 generated clusters (sites, or a site per node) quicker by 0.3-10.5 % and
+# none slower, in at most 9.0 s of wall clock (43 nodes; 8.5 s before)
+SPLIT_NODES = 32
+# from this many nodes the whole search beside the groups has half its default budget; below,
+# the default search itself, so the plan is never slower than without the groups (on half the
+# budget the 45-node gcp-2025 5-clusters planned at 62.01 s against 60.61 s)
+HALF_BUDGET_NODES = 48
 GROUP_NODES = 16  # a group holds at least this many nodes
 CANDIDATE = "groups of sites"
 # after the moves of ``decompose.probed_rows``, single data nodes moved from the slowest group,
@@ -70,6 +79,13 @@ SITE_MATES = 7
 # it). Measured on the 2-core machine, the mean over the groups of six clusters of 250-1,000
 # nodes: 0.14-0.25 ms (0.36 ms the most of one group)
 GROUP_PLAN_S = 0.25e-3
+
+
+def whole_budget(problem: Problem) -> int | None:
+    """The simulations of the whole search beside the groups: half the default budget from
+    ``HALF_BUDGET_NODES`` nodes; below, None: the default search itself (its budget and
+    allocation starts), the plan ``skippipe`` makes without the groups."""
+    return max(1, default_budget(problem) // 2) if problem.n >= HALF_BUDGET_NODES else None
 
 
 def has_sites(transfer_s: np.ndarray) -> bool:
@@ -184,7 +200,7 @@ def plan_whole_or_grouped(
                 return plan_skippipe(problem, seed=seed, time_limit_s=time_limit_s, fallbacks=fallbacks)
             return quickest(split, net.result())
         half = None if time_limit_s is None else 0.5 * time_limit_s
-        budget = None if time_limit_s is not None else max(1, default_budget(problem) // 2)
+        budget = None if time_limit_s is not None else whole_budget(problem)
         whole_search = planner.submit(plan_skippipe, problem, seed=seed, time_limit_s=half, budget=budget,
                                       fallbacks=fallbacks)
         split = grouped_plan(problem, groups, seed, time_limit_s, planner=planner)
