@@ -57,8 +57,12 @@ def test_grouped_plan_is_valid_and_keeps_each_group_to_itself(small_split):
     assert plan.predicted_makespan_s == pytest.approx(simulate(plan, record=False).makespan_s)
 
 
-def test_from_32_nodes_two_groups_of_sites_are_tried():
-    assert G.SPLIT_NODES == 2 * G.GROUP_NODES  # the least cluster that splits into two groups
+def test_from_24_nodes_two_groups_of_sites_are_tried():
+    assert G.SPLIT_NODES == 2 * G.SMALL_GROUP_NODES  # the least cluster that splits into two groups
+    groups = G.site_groups(build_problem(random_global_cluster(25, seed=2, sites=2), WORKLOAD))
+    assert groups is not None and sorted(len(g) for g in groups) == [12, 13]
+    # from 2 x GROUP_NODES nodes a group holds GROUP_NODES or more
+    assert G.least_group(2 * G.GROUP_NODES - 1) == G.SMALL_GROUP_NODES
     groups = G.site_groups(build_problem(random_global_cluster(33, seed=3, sites=2), WORKLOAD))
     assert groups is not None and sorted(len(g) for g in groups) == [16, 17]
 

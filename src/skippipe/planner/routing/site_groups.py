@@ -13,8 +13,8 @@ site and one slot per node: 162.96 s whole against 263.04 s in groups), so both 
    ``HALF_BUDGET_NODES`` nodes on half its default budget (measured on ten 75-116-node
    clusters: 0-2.7 % slower plans than the full budget, in 55-60 % of the time), below on all
    of it (the plan is then never slower than the whole search alone);
-2. ``decompose.locality_groups`` of at least ``GROUP_NODES`` nodes (a site, or near sites
-   joined), stage sizes by ``decompose.apportion``, each group planned with
+2. ``decompose.locality_groups`` of at least ``least_group`` nodes (a site, or near sites
+   joined; 16, or 12 below 32 nodes), stage sizes by ``decompose.apportion``, each group planned with
    ``decompose.GROUP_BUDGET`` simulations; data nodes moved between groups by the groups'
    makespans (``decompose.moved_data_nodes``, the same rounds as for islands, then up to
    ``SINGLE_ROUNDS`` single moves from the slowest group); merged.
@@ -52,16 +52,18 @@ from skippipe.planner.routing.schedule import plan_skippipe, quickest
 from skippipe.planner.routing.workers import DEFAULT_WORKERS, GroupPlanner
 from skippipe.sim import simulate
 
-# clusters from this many nodes get the candidate (two groups of GROUP_NODES). From 48 until
-# 2026-11-29; at 32-47 nodes, where the planning workers run the whole search beside the groups,
-# it made 21 of 91 generated clusters (sites, or a site per node) quicker by 0.3-10.5 % and
-# none slower, in at most 9.0 s of wall clock (43 nodes; 8.5 s before)
-SPLIT_NODES = 32
+# clusters from this many nodes get the candidate (two groups of SMALL_GROUP_NODES). From 48
+# until 2026-11-29; at 32-47 nodes, where the planning workers run the whole search beside the
+# groups, it made 21 of 91 generated clusters (sites, or a site per node) quicker by 0.3-10.5 %
+# and none slower, in at most 9.0 s of wall clock (43 nodes; 8.5 s before); at 24-31 nodes 5
+# of 52 quicker by 0.9-15.9 %, none slower
+SPLIT_NODES = 24
 # from this many nodes the whole search beside the groups has half its default budget; below,
 # the default search itself, so the plan is never slower than without the groups (on half the
 # budget the 45-node gcp-2025 5-clusters planned at 62.01 s against 60.61 s)
 HALF_BUDGET_NODES = 48
 GROUP_NODES = 16  # a group holds at least this many nodes
+SMALL_GROUP_NODES = 12  # or this many in a cluster of fewer than 2 x GROUP_NODES nodes
 CANDIDATE = "groups of sites"
 # after the moves of ``decompose.probed_rows``, single data nodes moved from the slowest group,
 # probed, at most this many times: where one group stays the slowest, a move from it alone
@@ -86,6 +88,12 @@ def whole_budget(problem: Problem) -> int | None:
     ``HALF_BUDGET_NODES`` nodes; below, None: the default search itself (its budget and
     allocation starts), the plan ``skippipe`` makes without the groups."""
     return max(1, default_budget(problem) // 2) if problem.n >= HALF_BUDGET_NODES else None
+
+
+def least_group(n: int) -> int:
+    """The fewest nodes a group of a cluster of n nodes holds: ``GROUP_NODES``, or
+    ``SMALL_GROUP_NODES`` where two such groups would not fit."""
+    return GROUP_NODES if n >= 2 * GROUP_NODES else SMALL_GROUP_NODES
 
 
 def has_sites(transfer_s: np.ndarray) -> bool:
@@ -124,7 +132,7 @@ def site_groups(problem: Problem) -> list[list[int]] | None:
     large = problem.n > decompose.DECOMPOSE_NODES
     if large and not has_sites(problem.transfer_s):
         return None
-    groups = decompose.locality_groups(problem.transfer_s, max(GROUP_NODES, problem.num_stages))
+    groups = decompose.locality_groups(problem.transfer_s, max(least_group(problem.n), problem.num_stages))
     if len(groups) < 2:
         return None
     if large and grouped_wall_estimate(problem, groups) > PLANNING_SHARE * planning_target_s(problem.n):

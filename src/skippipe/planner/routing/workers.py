@@ -1,7 +1,7 @@
 """Groups planned side by side: worker processes for the group searches of ``plan_skippipe``.
 
 Where ``skippipe`` plans a cluster in groups (``decompose``, ``site_groups``), each group is a
-search of its own, independent of the others, and from 32 to 200 nodes the groups are planned
+search of its own, independent of the others, and from 24 to 200 nodes the groups are planned
 beside the search over the whole cluster. ``GroupPlanner.plan`` hands a batch of groups, and
 ``GroupPlanner.submit`` the whole cluster's search, to ``planning_workers()`` worker processes
 (2 by default; the environment variable ``SKIPPIPE_PLANNING_WORKERS`` sets another count, 1
