@@ -49,7 +49,7 @@ def test_groups_planned_in_workers_are_the_plans_of_one_process():
 
 
 def test_skippipe_plans_the_same_with_one_worker_or_two(monkeypatch):
-    """Whole and in groups (the 24-200-node candidate, here from 24 nodes): the whole search
+    """Whole and in groups (the 24-200-node candidate, here with groups of 8): the whole search
     and the groups go to the workers; the plan file is the same but for the seconds it took."""
     monkeypatch.setattr(G, "SPLIT_NODES", 24)
     monkeypatch.setattr(G, "GROUP_NODES", 8)

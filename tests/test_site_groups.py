@@ -76,7 +76,7 @@ def test_the_whole_search_beside_the_groups_has_all_its_budget_below_48_nodes():
 
 def test_a_40_node_cluster_of_six_sites_is_planned_in_groups():
     """The suite's "global, 6 sites" of seed 2: planned whole only, as before the candidate
-    was tried from 32 nodes, it took 62.36 s; the groups of sites plan it at 59.86 s."""
+    was tried below 48 nodes, it took 62.36 s; the groups of sites plan it at 59.86 s."""
     case = next(c for c in suite(2, largest=40) if c.kind == "global, 6 sites")
     problem = build_problem(case.cluster, case.workload())
     plan = methods.make_plan("skippipe", problem, seed=2)

@@ -67,7 +67,15 @@ class GroupCosts:
         (``held_rounds``)."""
         if not math.isfinite(round_trip):
             return math.inf
-        return max(self.work_floor(d, round_trip, chain), self.held_rounds(d, round_trip, chain))
+        return self.estimate_and_held(d, round_trip, chain)[0]
+
+    def estimate_and_held(self, d: int, round_trip: float, chain: list[int] | tuple[int, ...]) -> tuple[float, float]:
+        """(``estimate``, the ``held_rounds`` in it), each computed once: where the held rounds
+        decide the estimate, the group search tries other chain orders."""
+        held = self.held_rounds(d, round_trip, chain)
+        if not math.isfinite(round_trip):
+            return math.inf, held
+        return max(self.work_floor(d, round_trip, chain), held), held
 
     def work_floor(self, d: int, round_trip: float, chain: list[int] | tuple[int, ...]) -> float:
         """The data node's ``trip_floor`` with its own slots, or a chain node's own work if

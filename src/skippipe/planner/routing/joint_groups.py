@@ -133,8 +133,7 @@ class _GroupSearch:
             k = order.index(int(d))
             chain = order[k + 1:] + order[:k]
             trip = float(gc.rc.own[d] + gc.rc.node[rest].sum() + tour)
-            held = gc.held_rounds(int(d), trip, chain)
-            e = max(gc.work_floor(int(d), trip, chain), held) if math.isfinite(trip) else math.inf  # ``estimate``
+            e, held = gc.estimate_and_held(int(d), trip, chain)
             if held >= e > 0.0:  # the slots decide: other orders may do better
                 e, chain = self._slot_order(int(d), chain, e)
             if e < best[0]:
