@@ -79,11 +79,8 @@ def chain_candidate(
     ``score`` finds quickest (by default the first)."""
     routings = []
     for k, chains in enumerate(private_chain_sets(problem, stages, caps, seqs, deadline)):
-        everyone = len(chains) == len(stages[0])
-        routings.append(None if everyone else _gathered_leftovers(problem, stages, caps, seqs, chains))
-        if k == 0 or everyone:  # the quota's chains with data nodes left over: gathered only
-            routings.append(_chain_routing(problem, stages, caps, dict(chains)))
-    routings = [r for r in routings if r is not None]
+        # the quota's chains (the first set) shared too; the others, with data nodes left over, gathered only
+        routings += _chain_set_routings(problem, stages, caps, seqs, chains, shared=k == 0)
     if not routings:
         return None
     return min(routings, key=score) if score is not None and len(routings) > 1 else routings[0]
@@ -96,13 +93,23 @@ def routes_on_chains(
     """Every data node on its chain (``chains``, e.g. the joint allocation's); the data nodes
     without one as ``chain_candidate`` routes them, gathered or shared, the quicker by
     ``score``; None where neither routes them."""
-    m = problem.workload.microbatches_per_data_node
-    if len(chains) == len(stages[0]):
-        return chain_routes(stages, chains, m)
-    routings = [_gathered_leftovers(problem, stages, caps, seqs, chains),
-                _chain_routing(problem, stages, caps, dict(chains))]
-    routings = [r for r in routings if r is not None]
+    routings = _chain_set_routings(problem, stages, caps, seqs, chains, shared=True)
     return min(routings, key=score) if routings else None
+
+
+def _chain_set_routings(
+    problem: Problem, stages: list[list[int]], caps: list[int], seqs: tuple[tuple[int, ...], ...],
+    chains: dict[int, list[int]], shared: bool,
+) -> list[list[Route]]:
+    """The routings of one chain set: its chains alone where every data node has one; else the
+    data nodes left over gathered (``_gathered_leftovers``) and, with ``shared``, routed
+    statically over the capacity left (``_chain_routing``), those that route."""
+    if len(chains) == len(stages[0]):
+        return [chain_routes(stages, chains, problem.workload.microbatches_per_data_node)]
+    routings = [_gathered_leftovers(problem, stages, caps, seqs, chains)]
+    if shared:
+        routings.append(_chain_routing(problem, stages, caps, dict(chains)))
+    return [r for r in routings if r is not None]
 
 
 def _chain_routing(
