@@ -3,6 +3,7 @@ timelines, a candidate of ``plan_skippipe``."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections import Counter
 
@@ -10,9 +11,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from bench_scripts import load_benchmark
 from cluster_strategies import generated_problems
 from skippipe.cluster_gen import random_global_cluster, single_site_cluster, suite
 from skippipe.planfile import plan_violations
+from skippipe.planner import methods
 from skippipe.planner.allocation import allocate
 from skippipe.planner.problem import build_problem
 from skippipe.planner.routing import candidates
@@ -77,6 +80,17 @@ def test_skippipe_keeps_a_timetable_that_leads_with_its_orders():
     assert plan_violations(plan) == []
     sim = simulate(plan)  # the plan's processing orders are the timetable's (searched further)
     assert sim.finished and abs(sim.makespan_s - plan.predicted_makespan_s) < 1e-9
+
+
+def test_a_timetable_that_leads_with_orders_slower_than_its_routes_first_come_first_served_loses_its_orders():
+    # sweep case 413 (30 nodes on one site, S = L = 5, 1-3 slots): the paced timetable leads at
+    # 72.98 s with its orders; its routes first come, first served take 72.43 s
+    _, cluster, workload = load_benchmark("scheduler_sweep").case(413)
+    plan = methods.make_plan("skippipe", build_problem(cluster, workload), seed=0)
+    assert plan.meta["candidate"].startswith("timetable")
+    served = simulate(dataclasses.replace(plan, processing_order=None), record=False, bound=False).makespan_s
+    assert plan.predicted_makespan_s <= served + 1e-9
+    assert plan.predicted_makespan_s < 72.9
 
 
 def _counted_over_estimated(problem, paced: bool) -> float | None:

@@ -59,9 +59,11 @@ improved by local search on the critical data node (``route_search``: exchanges 
 between microbatches, stage reorders, path swaps, injection order; then iterated local search
 on the best candidate), and finally by a search over the processing order of the nodes of the
 critical component (an injection placed right after the backward that frees its slot is one of
-the starting orders). The best plan found is returned; it is never worse than ``plan_no_tc2``
-for the same problem and seed, because that routing is one of the candidates (on the same
-allocation as long as ``allocate`` is not cut short by the time limit). Deterministic for a
+the starting orders); where the best candidate's own orders (a timetable's) are slower than
+its routes first come, first served, it keeps the routes without them. The best plan found
+is returned; it is never worse than ``plan_no_tc2`` for the same problem and seed, because
+that routing is one of the candidates (on the same allocation as long as ``allocate`` is not
+cut short by the time limit). Deterministic for a
 seed: the search budget counts simulations; ``time_limit_s`` only cuts it short (and then the
 result depends on the machine's speed).
 """
@@ -222,6 +224,10 @@ def plan_skippipe(
     lead_cand.orders, lead_cand.score = improve_orders(search, lead_cand.routes, lead_cand.score)
     limits.spent += search.limits.spent
     best = min(cands, key=lambda c: c.score.key())
+    if best.orders:  # its routes first come, first served where that is quicker than its orders (a timetable's can be)
+        served = evaluators[id(best.stages)].score(best.routes)
+        if served < best.score:
+            best.orders, best.score = None, served
     meta = {"candidate": best.name, "simulations": limits.spent, "allocation_seed": start.seed}
     plan = build_plan(problem, best.stages, best.routes, "skippipe", seed, best.orders, meta)
     # safety net: the plan file must not be worse than the no-tc2 routing it started from (that
