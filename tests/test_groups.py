@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from skippipe.bounds import trip_floor, trip_floors
-from skippipe.cluster_gen import gcp_regions_cluster, random_global_cluster, single_site_cluster
+from skippipe.cluster_gen import gcp_regions_cluster, random_global_cluster, single_site_cluster, suite
 from skippipe.errors import UserError
 from skippipe.planfile import path_rule_violation
 from skippipe.planner.allocation import allocate
@@ -271,3 +271,46 @@ def test_the_group_search_is_never_worse_than_its_first_start(seed, n):
         return
     assert sorted(x for g in searched for x in g) == list(range(problem.n))  # every node in one group
     assert _latest_estimate(search, searched) <= _latest_estimate(search, first) + 1e-9
+
+
+def test_the_group_search_stops_at_its_share_of_the_planning_target():
+    # long chains cost thousands of orders a group (847 nodes, L = 8: 44.5 s estimated and 66 s
+    # of planning against a 55-s target before the share): with no share the swaps and the
+    # random starts are skipped, and the groups of the first start are still a valid allocation
+    cluster = random_global_cluster(40, seed=3, memory=(1, 3))
+    problem = build_problem(cluster, Workload(num_stages=8, path_length=8, microbatches_per_data_node=4, n_layers=24))
+    searches = []
+    init = joint_groups._GroupSearch.__init__
+
+    def kept(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        searches.append(self)
+
+    with patch.object(joint_groups._GroupSearch, "__init__", kept):
+        full = joint_groups.group_allocation(problem)
+        with patch.object(joint_groups, "GROUP_SHARE", 0.0):
+            capped = joint_groups.group_allocation(problem)
+    assert full is not None and capped is not None
+    assert searches[1].limit_s == 0.0 < searches[1].spent_s < searches[0].spent_s <= searches[0].limit_s
+    stages, chains = capped
+    stage_of = {x: s for s, nodes in enumerate(stages) for x in nodes}
+    assert [len(s) for s in stages] == list(problem.stage_sizes)
+    assert all(path_rule_violation([stage_of[x] for x in chain], 0, 4) is None for chain in chains.values())
+
+
+def test_the_pair_search_of_private_chains_stops_at_its_share_of_the_planning_target():
+    # 985 nodes with S = 9, L = 7 and 141 data nodes tried 130,309 partners' chains (38 s)
+    # before the share: with no share the greedy's chains are kept as they are
+    case = next(c for c in suite(0, largest=40) if c.kind == "6 sites, mem 1-4 only")
+    problem = build_problem(case.cluster, case.workload())
+    stages = allocate(problem, seed=0)
+    seqs, caps = stage_orders(problem, stages), problem.load_caps(stages)
+    gc = groups.GroupCosts.from_problem(problem)
+
+    def latest(chains):
+        return max(gc.estimate(d, gc.rc.round_trip(d, ch), ch) for d, ch in chains.items())
+
+    searched = groups.private_chain_sets(problem, stages, caps, seqs)[0]
+    with patch.object(groups, "PAIRS_SHARE", 0.0):
+        greedy = groups.private_chain_sets(problem, stages, caps, seqs)[0]
+    assert sorted(greedy) == sorted(searched) and latest(searched) < latest(greedy) - 1e-6

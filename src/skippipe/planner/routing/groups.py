@@ -35,10 +35,17 @@ from skippipe.bounds import trip_floors
 from skippipe.planner.floors import trip_floor
 from skippipe.planner.problem import Problem
 from skippipe.planner.routing.assign import Capacity, route_one
+from skippipe.planner.routing.budget import planning_target_s
 from skippipe.planner.routing.sequences import RouteCosts, cheapest_chain, cheapest_over_sequences, node_classes
 
 POOL_CHAINS = 20_000  # chains enumerated for one pair of data nodes at most (``_pair_pool``)
 NEAR_QUOTAS = 8  # chain counts tried that leave free nodes for the data nodes left over (``near_chain_quotas``)
+# ``_improve_pairs``: the CPU seconds of one partner's chain tried (measured on the 2-core machine,
+# all its work included: 985 nodes, S = 9, L = 7, 130,309 chains in 38.2 s), and the share of the
+# planning-time target all pairs of one allocation may take by that estimate (a count, so every
+# machine searches the same; that cluster planned in 85 s against a 60-s target before it)
+PAIR_CHAIN_S = 2.9e-4
+PAIRS_SHARE = 0.3
 
 
 @dataclass
@@ -209,11 +216,12 @@ def private_chain_sets(
             if len(more[0]) > len(found[0][0]) and all(more[0] != chains for chains, _ in found):
                 found.append(more)
     out = []
+    tries = [int(PAIRS_SHARE * planning_target_s(n) / PAIR_CHAIN_S)]  # partners' chains left to try, for all sets
     for chains, est in found:
         free = usable.copy()
         for ch in chains.values():
             free[ch] = False
-        _improve_pairs(gc, stages, seqs, chains, est, free, deadline)
+        _improve_pairs(gc, stages, seqs, chains, est, free, deadline, tries)
         if chains:
             out.append(chains)
     return out
@@ -331,16 +339,17 @@ def _pair_pool(
 def _improve_pairs(
     gc: GroupCosts, stages: list[list[int]], seqs: tuple[tuple[int, ...], ...], chains: dict[int, list[int]],
     est: dict[int, float],
-    free: np.ndarray, deadline: float | None, per_stage: int = 3,
+    free: np.ndarray, deadline: float | None, tries: list[int], per_stage: int = 3,
 ) -> None:
-    """Re-optimise the latest data node together with one other, while that helps. The pool
-    is both chains plus, per stage, the ``per_stage`` free nodes nearest the latest data node
-    (fewer on long paths: ``_pair_pool``)."""
+    """Re-optimise the latest data node together with one other, while that helps and
+    ``tries[0]`` (the partners' chains it may try, counted down) lasts. The pool is both chains
+    plus, per stage, the ``per_stage`` free nodes nearest the latest data node (fewer on long
+    paths: ``_pair_pool``)."""
     arrays = [np.asarray(s, dtype=int) for s in stages]
     owner = {x: d for d, ch in chains.items() for x in ch}
     near: dict[int, list[int]] = {}  # per data node: the nodes of its best unconstrained chains
     for _ in range(50 * len(chains)):
-        if deadline is not None and time.perf_counter() > deadline:
+        if (deadline is not None and time.perf_counter() > deadline) or tries[0] <= 0:
             return
         worst = max(chains, key=lambda d: (est[d], -d))
         # partners: owners of the nodes on the worst data node's best unconstrained chains
@@ -360,6 +369,7 @@ def _improve_pairs(
                 usable = np.zeros(len(free), dtype=bool)
                 usable[[x for x in pool if x not in c1]] = True
                 e2, c2 = _best_chain(gc, e, arrays, seqs, usable)
+                tries[0] -= 1
                 cand = (max(e1, e2), e1 + e2)
                 if c2 and cand < current and (best is None or cand < best[0]):
                     best = (cand, c1, e1, c2, e2)

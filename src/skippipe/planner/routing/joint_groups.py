@@ -26,6 +26,7 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 
 from skippipe.planfile import path_rule_violation
 from skippipe.planner.problem import Problem
+from skippipe.planner.routing.budget import planning_target_s
 from skippipe.planner.routing.group_places import enough_chain_nodes, leftover_data_nodes, spare_places
 from skippipe.planner.routing.groups import GroupCosts
 from skippipe.planner.routing.sequences import stage_sequences
@@ -90,6 +91,15 @@ WINDOW_SECONDS = 5.0
 # chains of this many nodes or more (5,040 orders) are tried one way round only, and a group's
 # orders are searched once for all its members (``_best_cycle``)
 HALF_PERMS_FROM = 7
+# the CPU seconds of one member's role estimated and of one chain order's tour (measured on the
+# 2-core machine: 847 nodes with L = 8, 107,624 groups of 2,520 orders in 44.6 s)
+GROUP_MEMBER_S = 2.4e-5
+GROUP_ORDER_S = 8.8e-8
+# the share of the planning-time target the group search may take by that estimate (a count, so
+# every machine searches the same): the swaps stop there and no more starts are made. Only long
+# chains on large clusters reach it (847 nodes with L = 8: 44.5 s estimated, 0.81 of the
+# target; the sweep's cases at most 0.39, 119 nodes with L = 7)
+GROUP_SHARE = 0.3
 
 
 class _GroupSearch:
@@ -108,6 +118,9 @@ class _GroupSearch:
         self.known: dict[tuple[int, ...], tuple[float, list[int]]] = {}
         self.work = 0  # chain orders estimated so far (groups not met before x their orders)
         self.outside: set[int] = set()  # nodes no group may take (the data nodes left without a chain)
+        # the estimated CPU seconds of the role splits estimated so far (``GROUP_MEMBER_S``, ``GROUP_ORDER_S``)
+        self.spent_s = 0.0
+        self.limit_s = GROUP_SHARE * planning_target_s(len(eligible))
 
     def best(self, nodes: list[int]) -> tuple[float, list[int]]:
         """Best role split of one group: (estimate, [data node, chain...]); remembered by the
@@ -116,6 +129,8 @@ class _GroupSearch:
         if key not in self.known:
             self.known[key] = self._best(nodes)
             self.work += len(self.perms)
+            tours = 1 if self.size - 1 >= HALF_PERMS_FROM else self.size
+            self.spent_s += GROUP_MEMBER_S * self.size + GROUP_ORDER_S * tours * len(self.perms)
         value, members = self.known[key]
         return value, list(members)
 
@@ -244,7 +259,7 @@ def _searched_groups(
     best: tuple[float, list[list[int]]] | None = None
     first_work = 0
     for start in range(GROUP_STARTS if n <= MANY_STARTS_NODES else 1):
-        if start and (search.work > GROUP_WORK or 4 * first_work > GROUP_WORK
+        if start and (search.work > GROUP_WORK or 4 * first_work > GROUP_WORK or search.spent_s > search.limit_s
                       or (deadline is not None and time.perf_counter() > deadline)):
             break
         groups = _initial_groups(search, n, D, L, rng, remotest_first=start == 0)
@@ -322,7 +337,7 @@ def _improve_groups(search: _GroupSearch, groups: list[list[int]], deadline: flo
 
     spares = in_no_group()
     for _ in range(200 * len(groups)):
-        if deadline is not None and time.perf_counter() > deadline:
+        if (deadline is not None and time.perf_counter() > deadline) or search.spent_s > search.limit_s:
             break
         worst = max(range(len(groups)), key=lambda i: (est[i], -i))
         best = None

@@ -181,7 +181,8 @@ def _gathered_leftovers(
                 visited = np.array([owner[int(x)] in touched for x in chain_nodes])
                 penalty[chain_nodes] = rc.node[chain_nodes] * np.where(visited, 1.0, 2.0)
             penalty[left <= 0] = math.inf
-            _, path = cheapest_over_sequences(rc, d, arrays, seqs, penalty)
+            # the nodes with capacity left only: the same sums and tie order, a narrower programme
+            _, path = cheapest_over_sequences(rc, d, [a[left[a] > 0] for a in arrays], seqs, penalty)
             if not path:
                 return None
             foreign = [owner[x] for x in path if x in owner]
