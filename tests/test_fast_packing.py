@@ -13,7 +13,7 @@ from skippipe.planner import methods
 from skippipe.planner.allocation import allocate
 from skippipe.planner.problem import build_problem
 from skippipe.planner.routing.candidates import stage_orders
-from skippipe.planner.routing.fast_packing import Packer, packed_allocation
+from skippipe.planner.routing.fast_packing import PACK_LEAST_ALLOCATIONS, Packer, packed_allocation
 from skippipe.planner.routing.slow_links import slow_link_mask, uses_slow_link
 
 
@@ -39,6 +39,17 @@ def test_a_packed_allocation_is_valid_and_keeps_to_fast_links(seed, n, stages, l
     assert not uses_slow_link(slow, routes)
     mbs = [Microbatch(id=i, data_node=d, path=list(p)) for i, (d, p) in enumerate(routes)]
     assert plan_violations(problem.make_plan(stages_found, mbs, method="packed", seed=0)) == []
+
+
+def test_no_search_where_the_routings_would_score_too_few_allocations():
+    # 985 nodes with 141 data nodes of 8 microbatches: 17 allocations in 6.5 s; here 3 data
+    # nodes of 3 microbatches, found with the routings of PACK_LEAST_ALLOCATIONS allocations
+    problem = half_broken_problem(10, 0, 4, 3, 3, 0, jump=4, memory=2)
+    start = [list(map(int, s)) for s in allocate(problem, seed=0)]
+    slow, seqs = slow_link_mask(problem.transfer_s), stage_orders(problem, start)
+    least = PACK_LEAST_ALLOCATIONS * len(start[0]) * 3
+    assert packed_allocation(problem, start, seqs, slow, work=least) is not None
+    assert packed_allocation(problem, start, seqs, slow, work=least - 1) is None
 
 
 def test_the_score_counts_the_microbatches_left_without_a_fast_path():

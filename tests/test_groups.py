@@ -311,6 +311,6 @@ def test_the_pair_search_of_private_chains_stops_at_its_share_of_the_planning_ta
         return max(gc.estimate(d, gc.rc.round_trip(d, ch), ch) for d, ch in chains.items())
 
     searched = groups.private_chain_sets(problem, stages, caps, seqs)[0]
-    with patch.object(groups, "PAIRS_SHARE", 0.0):
+    with patch.object(groups, "PAIRS_SHARE", 0.0), patch.object(groups, "PAIR_FREE_TRIES", 0):
         greedy = groups.private_chain_sets(problem, stages, caps, seqs)[0]
     assert sorted(greedy) == sorted(searched) and latest(searched) < latest(greedy) - 1e-6

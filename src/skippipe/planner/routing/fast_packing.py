@@ -34,6 +34,9 @@ from skippipe.planner.routing.slow_links import exchanged_stages
 
 # microbatch routings one search may spend (sweep case 4150, 10 microbatches: 2,000 allocations, 1.1 s)
 PACK_WORK = 20_000
+# fewer allocations than this within ``PACK_WORK`` (a routing per microbatch each): no search
+# (985 nodes with 141 data nodes of 8 microbatches: 17 allocations in 6.5 s of a 60-s target)
+PACK_LEAST_ALLOCATIONS = 50
 KICK_EXCHANGES = 3
 
 Score = tuple[int, float]
@@ -108,7 +111,10 @@ def packed_allocation(
     work: int = PACK_WORK,
 ) -> tuple[list[list[int]], Paths] | None:
     """The best allocation found from ``stages`` and its packed paths, all over fast links
-    (see the module text); None when none is found within ``work`` routings."""
+    (see the module text); None when none is found within ``work`` routings, or when those
+    would score fewer than ``PACK_LEAST_ALLOCATIONS`` allocations."""
+    if work < PACK_LEAST_ALLOCATIONS * len(stages[0]) * problem.workload.microbatches_per_data_node:
+        return None
     fast = ~slow
     np.fill_diagonal(fast, False)
     packer = Packer(problem, seqs, fast)

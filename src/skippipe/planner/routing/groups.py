@@ -41,11 +41,14 @@ from skippipe.planner.routing.sequences import RouteCosts, cheapest_chain, cheap
 POOL_CHAINS = 20_000  # chains enumerated for one pair of data nodes at most (``_pair_pool``)
 NEAR_QUOTAS = 8  # chain counts tried that leave free nodes for the data nodes left over (``near_chain_quotas``)
 # ``_improve_pairs``: the CPU seconds of one partner's chain tried (measured on the 2-core machine,
-# all its work included: 985 nodes, S = 9, L = 7, 130,309 chains in 38.2 s), and the share of the
-# planning-time target all pairs of one allocation may take by that estimate (a count, so every
-# machine searches the same; that cluster planned in 85 s against a 60-s target before it)
+# all its work included: 985 nodes, S = 9, L = 7, 130,309 chains in 38.2 s), and the partners'
+# chains all pairs of one allocation may try: ``PAIR_FREE_TRIES`` (2-3 s; the sweep's cases up to
+# 120 nodes tried at most 13,496), or more where ``PAIRS_SHARE`` of the planning-time target
+# allows more by that estimate (a count, so every machine searches the same; that cluster
+# planned in 85 s against a 60-s target without a limit)
 PAIR_CHAIN_S = 2.9e-4
-PAIRS_SHARE = 0.3
+PAIR_FREE_TRIES = 15_000
+PAIRS_SHARE = 0.15
 
 
 @dataclass
@@ -216,7 +219,8 @@ def private_chain_sets(
             if len(more[0]) > len(found[0][0]) and all(more[0] != chains for chains, _ in found):
                 found.append(more)
     out = []
-    tries = [int(PAIRS_SHARE * planning_target_s(n) / PAIR_CHAIN_S)]  # partners' chains left to try, for all sets
+    # partners' chains left to try, for all sets
+    tries = [max(PAIR_FREE_TRIES, int(PAIRS_SHARE * planning_target_s(n) / PAIR_CHAIN_S))]
     for chains, est in found:
         free = usable.copy()
         for ch in chains.values():
