@@ -42,7 +42,7 @@ POOL_CHAINS = 20_000  # chains enumerated for one pair of data nodes at most (``
 NEAR_QUOTAS = 8  # chain counts tried that leave free nodes for the data nodes left over (``near_chain_quotas``)
 # ``_improve_pairs``: the CPU seconds of one partner's chain tried (measured on the 2-core machine,
 # all its work included: 985 nodes, S = 9, L = 7, 130,309 chains in 38.2 s), and the partners'
-# chains all pairs of one allocation may try: ``PAIR_FREE_TRIES`` (2-3 s; the sweep's cases up to
+# chains all pairs of one allocation may try: ``PAIR_FREE_TRIES`` (2-4 s; the sweep's cases up to
 # 120 nodes tried at most 13,496), or more where ``PAIRS_SHARE`` of the planning-time target
 # allows more by that estimate (a count, so every machine searches the same; that cluster
 # planned in 85 s against a 60-s target without a limit)
