@@ -8,7 +8,7 @@ every machine but for the seconds. Printed per cluster: ``skippipe``'s makespan,
 the floor over every allocation and the ratio, the planning wall-clock and CPU seconds (the
 planning workers' included) against the target, and the candidate that won.
 
-    python3 benchmarks/scheduler_heavy_large.py [--first 0] [--count 6]
+    python3 benchmarks/scheduler_heavy_large.py [--first 0] [--count 10]
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def naive_makespan(problem: Problem) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--first", type=int, default=0, help="the first cluster's number")
-    ap.add_argument("--count", type=int, default=6, help="clusters planned")
+    ap.add_argument("--count", type=int, default=10, help="clusters planned")
     args = ap.parse_args()
     print(f"{'#':>3s} {'kind':12s} {'N':>5s} {'speed':>7s} {'mem':>5s} {'S':>2s} {'L':>2s} {'m':>2s} {'skippipe':>9s} "
           f"{'naive':>9s} {'floor':>8s} {'ratio':>6s} {'wall s':>6s} {'cpu s':>6s} {'target':>6s}  candidate")
