@@ -8,7 +8,7 @@ every machine but for the seconds. Printed per cluster: ``skippipe``'s makespan,
 the floor over every allocation and the ratio, the planning wall-clock and CPU seconds (the
 planning workers' included) against the target, and the candidate that won.
 
-    python3 benchmarks/scheduler_heavy_large.py [--first 0] [--count 10]
+    python3 benchmarks/scheduler_heavy_large.py [--first 0] [--count 10] [--light]
 """
 
 from __future__ import annotations
@@ -30,17 +30,18 @@ from skippipe.sim import simulate
 from skippipe.workload import Workload
 
 
-def drawn(number: int) -> tuple[Problem, str]:
-    """The cluster and workload of ``number``, and a line that says what they are."""
-    r = random.Random(19000 + number)
-    n = r.randint(800, 1000)
+def drawn(number: int, light: bool = False) -> tuple[Problem, str]:
+    """The cluster and workload of ``number``, and a line that says what they are; ``light``:
+    120-1,000 nodes, any L and 1-8 microbatches instead (another draw)."""
+    r = random.Random((9000 if light else 19000) + number)
+    n = r.randint(120, 1000) if light else r.randint(800, 1000)
     kind = r.choice(["single site", "sites", "one per node"])
     speed = r.choice([(0.5, 2.0), (0.5, 2.0), None])
     memory = r.choice([None, (1, 4), (1, 2), (1, 1)])
     stages = r.randint(4, 9)
     least = math.ceil((stages - 1) / 4) + 1  # the shortest path that reaches the last stage with max_jump 4
-    length = r.randint(max(least, stages - 2), stages)
-    m = r.randint(6, 8)
+    length = r.randint(least if light else max(least, stages - 2), stages)
+    m = r.randint(1, 8) if light else r.randint(6, 8)
     if kind == "single site":
         cluster = single_site_cluster(n, seed=number, speed=speed, memory=memory)
     else:
@@ -64,12 +65,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--first", type=int, default=0, help="the first cluster's number")
     ap.add_argument("--count", type=int, default=10, help="clusters planned")
+    ap.add_argument("--light", action="store_true", help="the lighter draw: 120-1,000 nodes, any L, 1-8 microbatches")
     args = ap.parse_args()
     print(f"{'#':>3s} {'kind':12s} {'N':>5s} {'speed':>7s} {'mem':>5s} {'S':>2s} {'L':>2s} {'m':>2s} {'skippipe':>9s} "
           f"{'naive':>9s} {'floor':>8s} {'ratio':>6s} {'wall s':>6s} {'cpu s':>6s} {'target':>6s}  candidate")
     late = 0
     for number in range(args.first, args.first + args.count):
-        problem, line = drawn(number)
+        problem, line = drawn(number, args.light)
         cpu, wall = cpu_seconds(), time.perf_counter()
         plan = methods.make_plan("skippipe", problem, seed=0)
         wall, cpu = time.perf_counter() - wall, cpu_seconds() - cpu
