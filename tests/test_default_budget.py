@@ -44,3 +44,17 @@ def test_heavy_workloads_get_fewer_simulations_within_the_time_target(n, stages,
 def test_the_planning_target_runs_from_10_s_to_60_s():
     targets = [budget.planning_target_s(n) for n in (12, 40, 70, 100, 550, 1000, 2000)]
     assert targets == pytest.approx([10.0, 10.0, 20.0, 30.0, 45.0, 60.0, 60.0])
+
+
+def test_above_the_full_size_the_search_leaves_a_share_to_the_start():
+    # a 448-node cluster (149 data nodes, L = 3, 7 microbatches) whose search was estimated at
+    # 90 % of the target planned past it: the start (allocation, candidate routings) came on top
+    problem = _problem(300, 5, 3, 8)
+    assert problem.n > budget.BUDGET_FULL_NODES
+    simulations = budget.default_budget(problem)
+    target = budget.planning_target_s(problem.n)
+    searched = simulations * _ops(problem) * budget.SIM_OP_S
+    assert searched <= (budget.PLANNING_SHARE - budget.START_SHARE) * target + 1e-9
+    assert searched > (budget.PLANNING_SHARE - budget.START_SHARE) * target - _ops(problem) * budget.SIM_OP_S
+    by_size = int(8000 * (budget.BUDGET_FULL_NODES / problem.n) ** 2)
+    assert simulations < by_size  # the time share binds here, not the count by size
