@@ -110,7 +110,9 @@ class _GroupSearch:
         self.eligible = eligible
         self.size = size
         perms = np.array(list(itertools.permutations(range(size - 1))), dtype=int)
-        if size - 1 >= HALF_PERMS_FROM:
+        # long chains: tried one way round, every data node of a group closing the same cycle
+        self.one_way = size - 1 >= HALF_PERMS_FROM
+        if self.one_way:
             # a chain and its reverse make the same round trip (hops counted both ways): keep the
             # one that starts lower, which is also the first of the two in this order
             perms = perms[perms[:, 0] < perms[:, -1]]
@@ -129,7 +131,7 @@ class _GroupSearch:
         if key not in self.known:
             self.known[key] = self._best(nodes)
             self.work += len(self.perms)
-            tours = 1 if self.size - 1 >= HALF_PERMS_FROM else self.size
+            tours = 1 if self.one_way else self.size
             self.spent_s += GROUP_MEMBER_S * self.size + GROUP_ORDER_S * tours * len(self.perms)
         value, members = self.known[key]
         return value, list(members)
@@ -138,7 +140,7 @@ class _GroupSearch:
         gc = self.gc
         best: tuple[float, list[int]] = (math.inf, list(nodes))
         arr = np.asarray(nodes, dtype=int)
-        cycle = self._best_cycle(arr) if self.size - 1 >= HALF_PERMS_FROM else None
+        cycle = self._best_cycle(arr) if self.one_way else None
         for i, d in enumerate(nodes):
             if not self.eligible[d]:
                 continue
