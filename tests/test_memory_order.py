@@ -163,3 +163,25 @@ def test_the_hold_balanced_dealing_is_the_best_dealing_by_brute_force(problem):
         assert out is None
         return
     assert out is not None and _largest_hold_per_slot(problem, out) <= (1 + HOLD_GAP) * best + 1e-9
+
+
+def test_the_dealing_programmes_stop_at_a_count_of_branch_and_bound_nodes():
+    # a limit in seconds alone stops a slow machine earlier than a fast one (another dealing,
+    # another plan): the node count binds first wherever the 2-core machine solves it in time
+    from skippipe.planner.allocation import stage_caps
+
+    problem = build_problem(random_global_cluster(16, seed=5, speed=(0.5, 2.0), memory=(1, 2)),
+                            Workload(num_stages=5, path_length=4, microbatches_per_data_node=3))
+    stages = allocate(problem, seed=0)
+    seen = []
+
+    solve = stage_caps.milp
+
+    def recording(*args, **kwargs):
+        seen.append(dict(kwargs["options"]))  # a copy: scipy takes the options it knows out of the dict
+        return solve(*args, **kwargs)
+
+    with patch.object(stage_caps, "milp", recording):
+        hold_balanced_stages(problem, stages)
+    assert seen and all(o["node_limit"] == stage_caps.NODE_LIMIT for o in seen)
+    assert stage_caps.NODE_LIMIT >= 1699  # the most any measured dealing needed to prove its gap
