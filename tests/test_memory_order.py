@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from cluster_strategies import dealings, generated_problems
 from skippipe.cluster_gen import random_global_cluster, single_site_cluster
 from skippipe.planfile import Microbatch, plan_violations
-from skippipe.planner.allocation import allocate, memory_order, random_allocation
+from skippipe.planner.allocation import allocate, memory_order, random_allocation, stage_caps
 from skippipe.planner.allocation.memory_order import KEYS, memory_ordered
 from skippipe.planner.allocation.stage_caps import HOLD_GAP, hold_balanced_stages
 from skippipe.planner.methods import make_plan, with_allocation
@@ -168,13 +168,10 @@ def test_the_hold_balanced_dealing_is_the_best_dealing_by_brute_force(problem):
 def test_the_dealing_programmes_stop_at_a_count_of_branch_and_bound_nodes():
     # a limit in seconds alone stops a slow machine earlier than a fast one (another dealing,
     # another plan): the node count binds first wherever the 2-core machine solves it in time
-    from skippipe.planner.allocation import stage_caps
-
     problem = build_problem(random_global_cluster(16, seed=5, speed=(0.5, 2.0), memory=(1, 2)),
                             Workload(num_stages=5, path_length=4, microbatches_per_data_node=3))
     stages = allocate(problem, seed=0)
     seen = []
-
     solve = stage_caps.milp
 
     def recording(*args, **kwargs):
