@@ -180,8 +180,7 @@ def _gathered_leftovers(
             if len(chain_nodes):
                 visited = np.array([owner[int(x)] in touched for x in chain_nodes])
                 penalty[chain_nodes] = rc.node[chain_nodes] * np.where(visited, 1.0, 2.0)
-            penalty[left <= 0] = math.inf
-            # the nodes with capacity left only: the same sums and tie order, a narrower programme
+            # over the nodes with capacity left only
             _, path = cheapest_over_sequences(rc, d, [a[left[a] > 0] for a in arrays], seqs, penalty)
             if not path:
                 return None
