@@ -211,6 +211,25 @@ def test_tour_keeps_unequal_stage_sizes_in_place(s):
         assert [groups[g] for g in hk_order] == slots
 
 
+def test_one_pattern_of_sizes_with_new_costs_each_time_gets_each_costs_best_tour():
+    # the fitting orders are built once per pattern of sizes; the costs are new every call
+    rng = np.random.default_rng(7)
+    slots = [4, 3, 3, 3, 3, 3, 2, 2]
+    for _ in range(30):
+        groups = [slots[0], *rng.permutation(slots[1:]).tolist()]
+        a = np.round(rng.random((8, 8)), 1)  # rounded: ties between tours
+        cost = a + a.T
+        order, total = best_tour(cost, groups, slots)
+        assert [groups[g] for g in order] == slots
+        assert total == pytest.approx(sum(cost[order[i], order[(i + 1) % 8]] for i in range(8)))
+        brute = min(
+            sum(cost[p[i], p[(i + 1) % 8]] for i in range(8))
+            for p in ([0, *q] for q in itertools.permutations(range(1, 8)))
+            if [groups[g] for g in p] == slots
+        )
+        assert total == pytest.approx(brute)
+
+
 def test_allocation_with_explicit_unequal_sizes():
     p = build_problem(preset_cluster("aws-2022", "geo-distributed", 20), Workload(stage_sizes=(5, 4, 3, 3, 3, 2)))
     stages = allocate(p, seed=0)

@@ -53,9 +53,9 @@ def _bottleneck_value(cost: np.ndarray) -> float:
         return 0.0
     if k == 1:
         return float(cost.min())
-    perms = _permutations(c, k)
-    if perms is not None:
-        return float(cost[np.arange(k), perms].max(axis=1).min())
+    cells = _injective_cells(c, k)
+    if cells is not None:
+        return float(cost.ravel()[cells].max(axis=1).min())
     # every row must be matched: the bottleneck is at least the worst row's best link
     # (and, when square, the worst column's best link); it is often exactly that
     low = float(cost.min(axis=1).max())
@@ -128,8 +128,10 @@ def _augment(r: int, adj: list[list[int]], owner: dict[int, int], seen: set[int]
 
 
 @lru_cache(maxsize=64)
-def _permutations(c: int, k: int) -> np.ndarray | None:
-    """All injective maps of k rows into c columns, as an array, when there are few enough."""
+def _injective_cells(c: int, k: int) -> np.ndarray | None:
+    """All injective maps of k rows into c columns, one per row of the array, each as the flat
+    indices of its cells in a k x c matrix, when there are few enough."""
     if math.perm(c, k) > _BRUTE_FORCE_LIMIT:
         return None
-    return np.array(list(itertools.permutations(range(c), k)), dtype=int).reshape(-1, k)
+    maps = np.array(list(itertools.permutations(range(c), k)), dtype=int).reshape(-1, k)
+    return np.arange(k) * c + maps
