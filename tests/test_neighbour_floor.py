@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cluster_strategies import check_below_a_plan, floor_and_without, floors_switched_off, generated_problems, plan_makespans
+from skippipe.cluster import cluster_from_dict
 from skippipe.cluster_gen import random_global_cluster
 from skippipe.planner.floors import free_allocation_floor, set_floors
 from skippipe.planner.neighbour_floor import neighbour_floor
@@ -46,3 +48,18 @@ def test_one_site_with_plenty_of_slots_leaves_the_floor(monkeypatch):
 def test_neighbour_floor_is_below_every_plan(problem, method, seed):
     # the programme alone (from a floor of almost nothing), against a plan on any allocation
     check_below_a_plan(neighbour_floor(problem, set_floors(problem).tf, 1e-3), problem, method, seed)
+
+
+def test_free_hops_are_hops_not_missing_links():
+    # a measured transfer matrix may hold 0 s hops (processes on one host); scipy's dense graphs
+    # read any entry within 1e-8 of 0 as "no edge", which left no node reachable and the floor
+    # at 3.3e19 s. Free hops within two sites, 2 s between them: the floor stays below a plan
+    transfer = np.full((12, 12), 2.0)
+    transfer[:6, :6] = transfer[6:, 6:] = 0.0
+    problem = build_problem(cluster_from_dict({"transfer_s": transfer.tolist()}),
+                            Workload(num_stages=4, path_length=3, microbatches_per_data_node=4, n_layers=8))
+    floor = free_allocation_floor(problem)
+    assert 0.0 < floor.neighbour_s <= floor.value
+    made = plan_makespans(problem, ("skippipe-no-tc2", "random"), draws=4)
+    assert made and floor.value <= min(made) + 1e-6
+    assert neighbour_floor(problem, set_floors(problem).tf, 1e-3) <= min(made) + 1e-6

@@ -36,6 +36,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import shortest_path
 
 from skippipe.planner.problem import Problem
@@ -47,6 +48,13 @@ MAX_NODES = 120  # above it the programme (about N^2 variables, 0.1-5 s a solve 
 REL_TOL = 1e-3  # the bisection stops within this share of the makespan
 
 
+def finite_edges(edge: np.ndarray) -> csr_matrix:
+    """The finite entries of ``edge`` as a graph for ``scipy.sparse.csgraph``, zeros included:
+    a dense matrix would lose every entry within 1e-8 of 0 (free hops) as "no edge"."""
+    rows, cols = np.nonzero(np.isfinite(edge))
+    return csr_matrix((edge[rows, cols], (rows, cols)), shape=edge.shape)
+
+
 class _Programme:
     """The linear programme of the module text, for any makespan T."""
 
@@ -54,8 +62,7 @@ class _Programme:
         t = self.terms = slot_terms(problem)
         self.n = problem.n
         edge = hop_edges(problem)
-        graph = np.where(np.isfinite(edge), np.maximum(edge, 1e-12), 0.0)  # csgraph: 0 is no edge
-        self.there_and_back = 2.0 * shortest_path(graph, directed=True) / t.P
+        self.there_and_back = 2.0 * shortest_path(finite_edges(edge), directed=True) / t.P
         self.hold = t.visit + t.cheapest[:, 0] + t.loss
         self.trip_floors = trip_floors
         self.tc1 = largest_tc1_caps(t.speed, t.D * t.m * t.P, t.D)
