@@ -52,8 +52,9 @@ def test_neighbour_floor_is_below_every_plan(problem, method, seed):
 
 def test_free_hops_are_hops_not_missing_links():
     # a measured transfer matrix may hold 0 s hops (processes on one host); scipy's dense graphs
-    # read any entry within 1e-8 of 0 as "no edge", which left no node reachable and the floor
-    # at 3.3e19 s. Free hops within two sites, 2 s between them: the floor stays below a plan
+    # read any entry within 1e-8 of 0 as "no edge". Free hops within two sites, 2 s between
+    # them: the nodes of a site looked 8 s apart (through the other site) and the floor was
+    # 19.75 s over a 14.95-s plan (with every hop free, no node was reachable: 3.3e19 s)
     transfer = np.full((12, 12), 2.0)
     transfer[:6, :6] = transfer[6:, 6:] = 0.0
     problem = build_problem(cluster_from_dict({"transfer_s": transfer.tolist()}),
