@@ -44,6 +44,19 @@ def test_long_chains_tried_one_way_round_find_the_same_best_group(seed):
 
 
 @settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 10_000), size=st.integers(2, 6), sites=st.sampled_from([None, 2]))
+def test_short_groups_tours_from_each_member_at_once_equal_those_one_by_one(seed, size, sites):
+    # short groups search the best tour from each member; the search does them in one gather,
+    # which must give each member's tour and order exactly (the hops of one site tie)
+    cluster = random_global_cluster(12, seed=seed, sites=sites)
+    problem = build_problem(cluster, Workload(num_stages=size, path_length=size, n_layers=2 * size))
+    search = joint_groups._GroupSearch(groups.GroupCosts.from_problem(problem), np.ones(problem.n, dtype=bool), size)
+    members = np.random.default_rng(seed).permutation(problem.n)[:size]
+    one_by_one = [search._best_cycle(np.r_[d, np.delete(members, i)]) for i, d in enumerate(members)]
+    assert search._tours_from_each(members) == one_by_one
+
+
+@settings(max_examples=20, deadline=None)
 @given(seed=st.integers(0, 10_000), length=st.integers(2, 6), m=st.integers(1, 8))
 def test_pool_estimates_at_once_equal_the_estimates_one_by_one(seed, length, m):
     # the pair pool scores its chains in one array; each value must be exactly what

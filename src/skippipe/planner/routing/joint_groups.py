@@ -140,13 +140,13 @@ class _GroupSearch:
         gc = self.gc
         best: tuple[float, list[int]] = (math.inf, list(nodes))
         arr = np.asarray(nodes, dtype=int)
-        cycle = self._best_cycle(arr) if self.one_way else None
+        # long groups: every data node closes the same cycle; short ones: the best tour from each
+        cycles = [self._best_cycle(arr)] * len(nodes) if self.one_way else self._tours_from_each(arr)
         for i, d in enumerate(nodes):
             if not self.eligible[d]:
                 continue
             rest = np.delete(arr, i)
-            # long groups: every data node closes the same cycle; short ones: the best tour from d
-            tour, order = cycle if cycle is not None else self._best_cycle(np.r_[d, rest])
+            tour, order = cycles[i]
             k = order.index(int(d))
             chain = order[k + 1:] + order[:k]
             trip = float(gc.rc.own[d] + gc.rc.node[rest].sum() + tour)
@@ -173,6 +173,18 @@ class _GroupSearch:
                 if e < best[0] - 1e-9:
                     best = (e, order)
         return best
+
+    def _tours_from_each(self, arr: np.ndarray) -> list[tuple[float, list[int]]]:
+        """``_best_cycle`` from each member of ``arr`` in turn (the others in their order), all
+        in one gather: the same sums over the same orders, so the same tours."""
+        k = len(arr)
+        others = np.array([[j for j in range(k) if j != i] for i in range(k)], dtype=int)
+        chains = arr[others][:, self.perms]  # [member, order, chain position]
+        first = np.broadcast_to(arr[:, None, None], (k, len(self.perms), 1))
+        route = np.concatenate([first, chains, first], axis=2)
+        tours = self.gc.rc.edge[route[:, :, :-1], route[:, :, 1:]].sum(axis=2)
+        best = tours.argmin(axis=1)
+        return [(float(tours[i, j]), [int(arr[i]), *(int(x) for x in chains[i, j])]) for i, j in enumerate(best)]
 
     def _best_cycle(self, arr: np.ndarray) -> tuple[float, list[int]]:
         """The quickest tour from ``arr[0]`` through the others and back, over ``self.perms``
