@@ -100,7 +100,7 @@ def test_long_groups_short_of_slots_are_never_estimated_above_their_cycle(seed):
     value, best = search.best(members)
     assert sorted(best) == sorted(members)
     assert value == pytest.approx(gc.estimate(best[0], gc.rc.round_trip(best[0], best[1:]), best[1:]), rel=1e-12)
-    _, cycle = search._best_cycle(np.asarray(members))
+    _, cycle = search._best_tours(np.asarray(members), [0])[0]
     for k, d in enumerate(cycle):
         chain = cycle[k + 1:] + cycle[:k]
         assert value <= gc.estimate(d, gc.rc.round_trip(d, chain), chain) + 1e-9

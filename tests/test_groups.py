@@ -52,8 +52,15 @@ def test_short_groups_tours_from_each_member_at_once_equal_those_one_by_one(seed
     problem = build_problem(cluster, Workload(num_stages=size, path_length=size, n_layers=2 * size))
     search = joint_groups._GroupSearch(groups.GroupCosts.from_problem(problem), np.ones(problem.n, dtype=bool), size)
     members = np.random.default_rng(seed).permutation(problem.n)[:size]
-    one_by_one = [search._best_cycle(np.r_[d, np.delete(members, i)]) for i, d in enumerate(members)]
-    assert search._tours_from_each(members) == one_by_one
+    at_once = search._best_tours(members, range(size))
+    assert at_once == [search._best_tours(np.r_[d, np.delete(members, i)], [0])[0] for i, d in enumerate(members)]
+    edge = search.gc.rc.edge
+    for d, (tour, order) in zip(members, at_once):  # each the quickest tour from its member
+        assert order[0] == d and sorted(order) == sorted(int(x) for x in members)
+        assert tour == pytest.approx(sum(edge[order[i], order[(i + 1) % size]] for i in range(size)), rel=1e-12)
+        quickest = min(sum(edge[a, b] for a, b in zip((d, *rest), (*rest, d)))
+                       for rest in itertools.permutations([x for x in members if x != d]))
+        assert tour == pytest.approx(quickest, rel=1e-12)
 
 
 @settings(max_examples=20, deadline=None)
@@ -80,7 +87,7 @@ def test_trip_floors_at_once_equal_trip_floor(trip, forward, m, slots):
 
 
 def test_long_groups_search_their_cycle_once_for_every_member():
-    # with L >= 8 a group's orders are searched once (``_best_cycle``): every member's round
+    # with L >= 8 a group's orders are searched once (``_best_tours`` from one member): every member's round
     # trip is that one cycle, so where no node has fewer slots than another (the estimate
     # is the round trip's alone) the data node and the estimate are those of trying every
     # member with every order of the others (``test_chain_slots`` has the uneven slots)

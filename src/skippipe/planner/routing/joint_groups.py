@@ -89,7 +89,7 @@ GROUP_WORK = 1_000_000
 # a safety net on the windows' programme (seconds of HiGHS; 70 windows at S = 9 take milliseconds)
 WINDOW_SECONDS = 5.0
 # chains of this many nodes or more (5,040 orders) are tried one way round only, and a group's
-# orders are searched once for all its members (``_best_cycle``)
+# orders are searched once for all its members (``_best_tours`` from one member)
 HALF_PERMS_FROM = 7
 # the CPU seconds of one member's role estimated and of one chain order's tour (measured on the
 # 2-core machine: 847 nodes with L = 8, 107,624 groups of 2,520 orders in 44.6 s)
@@ -141,7 +141,7 @@ class _GroupSearch:
         best: tuple[float, list[int]] = (math.inf, list(nodes))
         arr = np.asarray(nodes, dtype=int)
         # long groups: every data node closes the same cycle; short ones: the best tour from each
-        cycles = [self._best_cycle(arr)] * len(nodes) if self.one_way else self._tours_from_each(arr)
+        cycles = self._best_tours(arr, [0]) * len(nodes) if self.one_way else self._best_tours(arr, range(len(arr)))
         for i, d in enumerate(nodes):
             if not self.eligible[d]:
                 continue
@@ -174,29 +174,21 @@ class _GroupSearch:
                     best = (e, order)
         return best
 
-    def _tours_from_each(self, arr: np.ndarray) -> list[tuple[float, list[int]]]:
-        """``_best_cycle`` from each member of ``arr`` in turn (the others in their order), all
-        in one gather: the same sums over the same orders, so the same tours."""
+    def _best_tours(self, arr: np.ndarray, starts: range | list[int]) -> list[tuple[float, list[int]]]:
+        """Per member ``arr[i]`` of ``starts``: the quickest tour from it through the others (in
+        their order in ``arr``) and back, over ``self.perms`` (one way round for long groups:
+        hops count both ways), as (its hop seconds, its members from ``arr[i]`` on); all in one
+        gather. A round trip is such a cycle whichever member is the data node, so long groups
+        search their orders from one member only, short ones from each."""
         k = len(arr)
-        others = np.array([[j for j in range(k) if j != i] for i in range(k)], dtype=int)
-        chains = arr[others][:, self.perms]  # [member, order, chain position]
-        first = np.broadcast_to(arr[:, None, None], (k, len(self.perms), 1))
+        others = np.array([[j for j in range(k) if j != i] for i in starts], dtype=int)
+        chains = arr[others][:, self.perms]  # [start, order, chain position]
+        first = np.broadcast_to(arr[list(starts), None, None], (len(others), len(self.perms), 1))
         route = np.concatenate([first, chains, first], axis=2)
         tours = self.gc.rc.edge[route[:, :, :-1], route[:, :, 1:]].sum(axis=2)
         best = tours.argmin(axis=1)
-        return [(float(tours[i, j]), [int(arr[i]), *(int(x) for x in chains[i, j])]) for i, j in enumerate(best)]
-
-    def _best_cycle(self, arr: np.ndarray) -> tuple[float, list[int]]:
-        """The quickest tour from ``arr[0]`` through the others and back, over ``self.perms``
-        (one way round for long groups: hops count both ways): (its hop seconds, its members
-        from ``arr[0]`` on). A round trip is such a cycle whichever member is the data node, so
-        long groups search their orders once, not once per member."""
-        chains = arr[1:][self.perms]
-        first = np.full((len(chains), 1), arr[0])
-        route = np.concatenate([first, chains, first], axis=1)
-        tours = self.gc.rc.edge[route[:, :-1], route[:, 1:]].sum(axis=1)
-        j = int(np.argmin(tours))
-        return float(tours[j]), [int(arr[0]), *(int(x) for x in chains[j])]
+        return [(float(tours[r, j]), [int(arr[i]), *(int(x) for x in chains[r, j])])
+                for r, (i, j) in enumerate(zip(starts, best))]
 
 
 def group_allocation(
