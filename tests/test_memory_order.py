@@ -16,9 +16,10 @@ from skippipe.cluster_gen import random_global_cluster, single_site_cluster
 from skippipe.planfile import Microbatch, plan_violations
 from skippipe.planner.allocation import allocate, memory_order, random_allocation, stage_caps
 from skippipe.planner.allocation.memory_order import KEYS, memory_ordered
-from skippipe.planner.allocation.stage_caps import HOLD_GAP, hold_balanced_stages
+from skippipe.planner.allocation.stage_caps import HOLD_GAP, hold_balanced_stages, least_hold_bound
 from skippipe.planner.methods import make_plan, with_allocation
 from skippipe.planner.problem import build_problem
+from skippipe.planner.routing import candidates
 from skippipe.planner.routing.balanced import balanced_routes, slot_holds
 from skippipe.planner.routing.schedule import build_plan
 from skippipe.planner.routing.sequences import RouteCosts, sequence_quotas, stage_cap_sums, stage_sequences
@@ -182,3 +183,59 @@ def test_the_dealing_programmes_stop_at_a_count_of_branch_and_bound_nodes():
         hold_balanced_stages(problem, stages)
     assert seen and all(o["node_limit"] == stage_caps.NODE_LIMIT for o in seen)
     assert stage_caps.NODE_LIMIT >= 1699  # the most any measured dealing needed to prove its gap
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(generated_problems(stages=(3, 4), max_path=4, extra_nodes=2, max_nodes=9))
+def test_the_least_hold_bound_is_the_least_largest_hold_of_every_dealing_caps_left_out(problem):
+    stages = allocate(problem, seed=0)
+    rest = [x for s in stages[1:] for x in s]
+    every = [stage_caps.largest_hold_per_slot(problem, [stages[0], *d])
+             for d in dealings(rest, [len(s) for s in stages[1:]])]
+    assert least_hold_bound(problem, stages) == min(every)  # the same weights, so equal bit for bit
+    held = hold_balanced_stages(problem, stages)
+    if held is not None:
+        assert stage_caps.largest_hold_per_slot(problem, held) >= least_hold_bound(problem, stages)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(generated_problems(max_path=5, sites=True))
+def test_skipping_the_hold_programme_changes_no_memory_candidate(problem):
+    # the programme is skipped only where memory_candidates would drop its dealing anyway
+    stages = allocate(problem, seed=0)
+    static = lambda st: []  # noqa: E731 - only asked for a dealing the balanced routing cannot route
+
+    def names_and_stages(dealt):
+        return [(c.name, c.stages, c.score.key()) for c, _ in candidates.memory_candidates(problem, stages, static, dealt)]
+
+    skipped = candidates.memory_dealings(problem, stages)
+    with patch.object(candidates, "_hold_may_help", lambda *args: True):
+        solved = candidates.memory_dealings(problem, stages)
+    assert {k: v for k, v in solved.items() if k != "hold-balanced"} == {k: v for k, v in skipped.items()
+                                                                      if k != "hold-balanced"}
+    assert names_and_stages(skipped) == names_and_stages(solved)
+
+
+@pytest.mark.parametrize(("n", "seed", "speed", "memory", "workload", "solved"), [
+    # one site (no slow link): S = L = 9, the hold-balanced dealing kept (its largest hold 80.58
+    # against 0.8 x 120.88 of the memory orders), so the programme must run
+    (27, 59, (0.5, 2.0), (1, 4), Workload(num_stages=9, path_length=9, microbatches_per_data_node=7, n_layers=27,
+                                          max_jump=5), True),
+    # one site, 1-2 slots: every dealing holds at least 29.70, above 0.8 x 29.70: skipped
+    (28, 5, None, (1, 2), Workload(num_stages=8, path_length=3, microbatches_per_data_node=5, n_layers=24), False),
+])
+def test_the_hold_programme_runs_where_its_dealing_can_be_kept(n, seed, speed, memory, workload, solved):
+    problem = build_problem(single_site_cluster(n, seed=seed, speed=speed, memory=memory), workload)
+    stages = allocate(problem, seed=0)
+    calls = []
+    solve = stage_caps.hold_balanced_stages
+
+    def recording(*args):
+        calls.append(args)
+        return solve(*args)
+
+    with patch.object(stage_caps, "hold_balanced_stages", recording):
+        dealt = candidates.memory_dealings(problem, stages)
+    assert bool(calls) == solved
+    kept = [c.name for c, _ in candidates.memory_candidates(problem, stages, lambda st: [], dealt)]
+    assert ("hold-balanced" in kept) == solved

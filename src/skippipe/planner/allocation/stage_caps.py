@@ -21,6 +21,8 @@ serves its visits one at a time and holds up every microbatch behind them. The p
 minimises the largest ``cap x hold(stage) / slots`` over the nodes, where ``hold(stage)`` is the
 mean number of visits from that stage to the end of a path (over the valid stage orders through
 it) times the median forward and backward of a visit; the caps must still carry the visits.
+``least_hold_bound`` bounds that optimum from below without the programme: the least largest
+weight of any dealing that keeps the stage sizes, the caps left out (a bottleneck assignment).
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from scipy.optimize import LinearConstraint, milp
+from scipy.sparse import csr_matrix
+from scipy.sparse.csgraph import maximum_bipartite_matching
 
 from skippipe.planner.problem import Problem
 from skippipe.planner.routing.sequences import sequence_quotas, stage_cap_sums, stage_sequences
@@ -205,3 +209,34 @@ def hold_balanced_stages(problem: Problem, stages: list[list[int]]) -> list[list
     cost = np.zeros(deal.n_vars)
     cost[z] = 1
     return deal.solve(cost, HOLD_GAP)
+
+
+def least_hold_bound(problem: Problem, stages: list[list[int]]) -> float:
+    """A lower bound on the largest slot hold per slot of every dealing of the nodes of stages
+    1..S-1 that keeps the stage sizes, ``hold_balanced_stages``'s among them: the least t such
+    that each node has a stage of weight at most t and the stages' sizes hold them all (a
+    bottleneck assignment, the TC1 caps left out; 0 when there is nothing to deal). It is one of
+    the weights of ``largest_hold_per_slot``, so ``largest_hold_per_slot`` of any such dealing
+    is at least it, bit for bit."""
+    w = problem.workload
+    rest = [x for s in stages[1:] for x in s]
+    if not rest or len(stages) < 2:
+        return 0.0
+    weights = _hold_weights(problem, stages, stage_sequences(len(stages), w.path_length, w.max_swaps, w.max_jump))
+    seat_stage = np.repeat(np.arange(1, len(stages)), [len(s) for s in stages[1:]])  # one column per place
+    cost = weights[np.ix_(rest, seat_stage)]  # node x place
+    values = np.unique(cost)
+    lo, hi = 0, len(values) - 1  # the answer is values[hi]: dealing the nodes as they are fits it
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if _all_seated(cost <= values[mid]):
+            hi = mid
+        else:
+            lo = mid + 1
+    return float(values[hi])
+
+
+def _all_seated(allowed: np.ndarray) -> bool:
+    """Whether every row (node) gets a column (place) of its own among those ``allowed``."""
+    matched = maximum_bipartite_matching(csr_matrix(allowed.astype(np.int8)), perm_type="column")
+    return bool((matched >= 0).all())

@@ -103,7 +103,7 @@ def memory_dealings(problem: Problem, stages: list[list[int]]) -> dict[str, list
     """The memory-ordered variants of an allocation (``allocation.memory_order``, by key) and,
     up to ``HOLD_LARGEST`` nodes where the other stages' memory is uneven, its hold-balanced
     dealing (``stage_caps.hold_balanced_stages``, as "hold-balanced", when it differs from
-    ``stages``). Empty when the cluster fixes the allocation."""
+    ``stages`` and may be used: ``_hold_may_help``). Empty when the cluster fixes the allocation."""
     if problem.fixed_stages is not None:
         return {}
     from skippipe.planner.allocation.memory_order import KEYS, memory_ordered
@@ -115,11 +115,28 @@ def memory_dealings(problem: Problem, stages: list[list[int]]) -> dict[str, list
         if dealt is not None and dealt not in out.values():
             out[key] = dealt
     rest = [x for s in stages[1:] for x in s]
-    if problem.n <= HOLD_LARGEST and len({int(problem.memory[x]) for x in rest}) > 1:
+    if (problem.n <= HOLD_LARGEST and len({int(problem.memory[x]) for x in rest}) > 1
+            and _hold_may_help(problem, stages, list(out.values()))):
         held = hold_balanced_stages(problem, stages)
         if held is not None and held != stages:
             out["hold-balanced"] = held
     return out
+
+
+def _hold_may_help(problem: Problem, stages: list[list[int]], orders: list[list[list[int]]]) -> bool:
+    """False where the hold-balanced dealing of ``stages`` would be dropped whatever the programme
+    finds, so that it need not be solved: no link only trickles (``slow_link_candidate``, the
+    other user of the dealings, then starts from none), and even the least largest hold per slot
+    of any dealing (``stage_caps.least_hold_bound``, a bound below the programme's) is above
+    ``HOLD_GAIN`` x the best of ``stages`` and its memory ``orders`` (``memory_candidates`` drops
+    it there). On the 36 groups of a 972-node cluster of sites with 1-4 slots it was dropped in
+    every one, after 14 of their 65 s of planning CPU."""
+    from skippipe.planner.allocation.stage_caps import largest_hold_per_slot, least_hold_bound
+
+    if slow_link_mask(problem.transfer_s) is not None:
+        return True
+    best = min(largest_hold_per_slot(problem, d) for d in [stages, *orders])
+    return not least_hold_bound(problem, stages) > HOLD_GAIN * best
 
 
 def remembered_dealings(problem: Problem) -> Callable[[list[list[int]]], dict[str, list[list[int]]]]:
