@@ -124,3 +124,14 @@ def test_without_the_schedules_the_floor_is_as_before(monkeypatch):
     problem = build_problem(case.cluster, case.workload())
     monkeypatch.setattr(SetFloor, "dear_schedules", lambda self, data, *args: 0.0)
     assert math.isclose(free_allocation_floor(problem).value, 55.8276, abs_tol=1e-3)
+
+
+def test_a_step_counts_more_above_twelve_microbatches():
+    # a step's bound runs over the microbatches not yet back, so the caps count work: a search cut
+    # at its root (cutoff 0) takes one step, counted m / 12 with more than 12 microbatches
+    assert kinds_schedule(2.2, [(6, 5.0, 7.0)], 3, *FACTORS, cutoff=0.0) == (0.0, 1)
+    assert kinds_schedule(2.2, [(12, 5.0, 7.0)], 3, *FACTORS, cutoff=0.0) == (0.0, 1)
+    assert kinds_schedule(2.2, [(30, 5.0, 7.0), (18, 6.0, 8.0)], 3, *FACTORS, cutoff=0.0) == (0.0, 4)
+    # and a search past its cap stops after cap x 12 / m steps, said to be past the cap
+    value, steps = kinds_schedule(2.2, [(96, 5.0, 7.0)], 3, *FACTORS, max_steps=1_200)
+    assert steps > 1_200 and value > 0.0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from unittest.mock import patch
 
 import numpy as np
 from hypothesis import HealthCheck, given, settings
@@ -13,6 +14,7 @@ from cluster_strategies import generated_problems
 from skippipe.cluster import Cluster
 from skippipe.cluster_gen import random_global_cluster
 from skippipe.errors import UserError
+from skippipe.planner import set_floor
 from skippipe.planner.floors import _enumerated_trips, free_allocation_floor, set_floors
 from skippipe.planner.methods import make_plan, with_allocation
 from skippipe.planner.problem import build_problem
@@ -104,6 +106,23 @@ def test_least_dealing_is_the_best_dealing(rows, count):
         if sum(dealt) >= count:
             best = min(best, max(floors[i, c] for i, c in enumerate(dealt)))
     assert least_dealings(floors[None], np.array([count]))[0] == best
+    with patch.object(set_floor, "BROADCAST_CELLS", 0):  # the row-by-row way of many microbatches
+        assert least_dealings(floors[None], np.array([count]))[0] == best
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 40), st.lists(st.integers(1, 4), min_size=1, max_size=5),
+       st.lists(st.floats(0.0, 60.0), min_size=1, max_size=6), st.integers(0, 10_000))
+def test_both_ways_of_least_dealings_agree_on_chain_floors(m, chains, slow, seed):
+    rng = np.random.default_rng(seed)
+    fast = np.round(rng.random(len(chains)) * 20, 1)
+    floors = chain_floors(m, np.array(chains), np.array(slow), fast, 0.13)
+    counts = rng.integers(0, len(chains) * m + 2, len(slow))
+    with patch.object(set_floor, "BROADCAST_CELLS", 10**12):
+        broadcast = least_dealings(floors, counts)
+    with patch.object(set_floor, "BROADCAST_CELLS", 0):
+        by_rows = least_dealings(floors, counts)
+    assert np.array_equal(broadcast, by_rows)
 
 
 def test_dear_trips_through_a_node_behind_broken_links_raise_the_floor(monkeypatch):
