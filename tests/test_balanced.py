@@ -4,6 +4,7 @@ visits by speed where the cheapest-path greedy fills the fast nodes first."""
 from __future__ import annotations
 
 from collections import Counter
+from unittest.mock import patch
 
 import numpy as np
 from hypothesis import HealthCheck, given, settings
@@ -14,6 +15,7 @@ from skippipe.cluster_gen import random_global_cluster, single_site_cluster
 from skippipe.planfile import plan_violations
 from skippipe.planner.allocation import allocate
 from skippipe.planner.problem import build_problem
+from skippipe.planner.routing import sequences
 from skippipe.planner.routing.balanced import balanced_candidate, balanced_routes
 from skippipe.planner.routing.evaluate import Evaluator
 from skippipe.planner.routing.schedule import build_plan
@@ -124,3 +126,5 @@ def test_batched_sequence_search_equals_one_sequence_at_a_time(problem, swaps, s
         if chain and cost < expect[0]:
             expect = (cost, chain)
     assert cheapest_over_sequences(rc, d, stages, seqs, penalty) == expect
+    with patch.object(sequences, "BATCH_LIMIT", 0):  # one by one, prefixes shared (large stages)
+        assert cheapest_over_sequences(rc, d, stages, seqs, penalty) == expect
