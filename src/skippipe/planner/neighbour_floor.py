@@ -48,7 +48,7 @@ MAX_NODES = 120  # above it the programme (about N^2 variables, 0.1-5 s a solve 
 REL_TOL = 1e-3  # the bisection stops within this share of the makespan
 
 
-def _finite_edges(edge: np.ndarray) -> csr_matrix:
+def finite_edges(edge: np.ndarray) -> csr_matrix:
     """The finite entries of ``edge`` as a graph for ``scipy.sparse.csgraph``, zeros included:
     a dense matrix would lose every entry within 1e-8 of 0 (free hops) as "no edge"."""
     rows, cols = np.nonzero(np.isfinite(edge))
@@ -62,7 +62,7 @@ class _Programme:
         t = self.terms = slot_terms(problem)
         self.n = problem.n
         edge = hop_edges(problem)
-        self.there_and_back = 2.0 * shortest_path(_finite_edges(edge), directed=True) / t.P
+        self.there_and_back = 2.0 * shortest_path(finite_edges(edge), directed=True) / t.P
         self.hold = t.visit + t.cheapest[:, 0] + t.loss
         self.trip_floors = trip_floors
         self.tc1 = largest_tc1_caps(t.speed, t.D * t.m * t.P, t.D)

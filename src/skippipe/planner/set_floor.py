@@ -21,7 +21,10 @@ For a set D of data nodes (the nodes of stage 0), ``SetFloor.value`` is the larg
   D's other nodes, which no path visits (stage 0 is visited only at the own data node, CC2);
 - and the dear trips with each data node's own work between them: how many dear visits the
   data nodes can take while their own schedules (injections, losses, final backwards, the trips
-  of each microbatch out) finish by T (``dear_schedule.dear_schedule_floor``).
+  of each microbatch out) finish by T (``dear_schedule.dear_schedule_floor``);
+- where every path visits every node outside D (N - D = L - 1), the slots of each such node x:
+  each microbatch of each d holds one of x's slots from its forward on x to its backward there,
+  through the hops to d and back and the loss (``held_slots``).
 
 Each term holds for every allocation with data nodes D, path choice and processing order, so
 the least value over the sets bounds every plan.
@@ -32,9 +35,11 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from scipy.sparse.csgraph import shortest_path
 
 from skippipe.bounds import trip_floor
 from skippipe.planner.dear_schedule import RESOLUTION_S, DearSchedules, dear_schedule_floor
+from skippipe.planner.neighbour_floor import finite_edges
 from skippipe.planner.problem import Problem, shared_caps
 from skippipe.planner.routing.sequences import node_classes
 from skippipe.planner.set_trips import SetTrips
@@ -165,6 +170,7 @@ class SetFloor:
         self._classes: np.ndarray | None = None  # ``node_classes``, for the dear schedules
         self._found: dict[tuple[int, ...], tuple[float, float, float]] = {}  # classes -> (value, floor, cutoff)
         self.at_least = 0.0  # a floor of the problem already (the capacity floor): no set need go below
+        self.holds = forced_holds(problem) if n - int(problem.stage_sizes[0]) == w.path_length - 1 else None
         self.slow = np.full((n, n), math.inf)
         for d in range(n):
             for x in range(n):
@@ -207,7 +213,10 @@ class SetFloor:
             return val
         others, caps = self._others_and_caps(data)
         through = self.slow[np.ix_(idx, others)].min(axis=0)
-        return max(val, covered_floor(through, caps, self.visits))
+        val = max(val, covered_floor(through, caps, self.visits))
+        if self.holds is not None and val < cutoff:
+            val = max(val, held_slots(self.holds, data, others, self.m, self.mem))
+        return val
 
     def dear(self, data: tuple[int, ...]) -> float:
         """The floor of the set from the dear trips its microbatches must take
@@ -267,6 +276,27 @@ class SetFloor:
                     break  # x cannot raise the floor
             val = max(val, through)
         return val
+
+
+def forced_holds(problem: Problem) -> np.ndarray:
+    """[d, x]: the least time a microbatch of data node d holds a slot of node x it visits: x's
+    forward and backward, the loss on d, and the way from x to d and back between them (the
+    microbatch's loss is on d), each way at least the shortest path over the hops."""
+    t = np.asarray(problem.transfer_s, dtype=float).copy()
+    np.fill_diagonal(t, 0.0)
+    way = shortest_path(finite_edges(t), directed=True)  # way[a, b]: the least hops from a to b
+    f = np.asarray(problem.forward_s, dtype=float)
+    cm = problem.cost_model
+    return (cm.loss_factor * f)[:, None] + (f * (1.0 + cm.backward_factor))[None, :] + way.T + way
+
+
+def held_slots(holds: np.ndarray, data: tuple[int, ...], others: np.ndarray, m: int, memory: np.ndarray) -> float:
+    """The floor of a data-node set whose paths visit every node outside it: a node's slot is
+    held from a forward to the backward there, and the node runs that backward before another
+    forward can take the slot, so the m microbatches of each data node d hold x's k slots for at
+    least m x ``holds[d, x]`` between them, within [0, T] on k slots."""
+    load = m * holds[np.ix_(list(data), others)].sum(axis=0) / np.maximum(1, memory[others])
+    return float(load.max()) if len(load) else 0.0
 
 
 def closed_floor(problem: Problem, d: int, trip: float) -> float:
