@@ -131,12 +131,19 @@ def _hold_may_help(problem: Problem, stages: list[list[int]], orders: list[list[
     ``HOLD_GAIN`` x the best of ``stages`` and its memory ``orders`` (``memory_candidates`` drops
     it there). On the 36 groups of a 972-node cluster of sites with 1-4 slots it was dropped in
     every one, after 14 of their 65 s of planning CPU."""
-    from skippipe.planner.allocation.stage_caps import largest_hold_per_slot, least_hold_bound
+    from skippipe.planner.allocation.stage_caps import least_hold_bound
 
     if slow_link_mask(problem.transfer_s) is not None:
         return True
-    best = min(largest_hold_per_slot(problem, d) for d in [stages, *orders])
-    return not least_hold_bound(problem, stages) > HOLD_GAIN * best
+    return not least_hold_bound(problem, stages) > _hold_bar(problem, [stages, *orders])
+
+
+def _hold_bar(problem: Problem, dealings: list[list[list[int]]]) -> float:
+    """The largest hold per slot the hold-balanced dealing must not exceed to be a candidate:
+    ``HOLD_GAIN`` x the least of ``dealings`` (the allocation and its memory orders)."""
+    from skippipe.planner.allocation.stage_caps import largest_hold_per_slot
+
+    return HOLD_GAIN * min(largest_hold_per_slot(problem, d) for d in dealings)
 
 
 def remembered_dealings(problem: Problem) -> Callable[[list[list[int]]], dict[str, list[list[int]]]]:
@@ -192,8 +199,7 @@ def memory_candidates(
             out.append((Candidate(f"memory-order ({key})", mem_stages, *found, balanced=True), ev))
     if held is None or any(held == c.stages for c, _ in out):
         return out
-    others = [stages, *dealt.values()]
-    if largest_hold_per_slot(problem, held) > HOLD_GAIN * min(largest_hold_per_slot(problem, d) for d in others):
+    if largest_hold_per_slot(problem, held) > _hold_bar(problem, [stages, *dealt.values()]):
         return out  # the memory orders balance the holds about as well
     ev = Evaluator(problem, held)
     found = balanced_candidate(problem, held, problem.load_caps(held), stage_orders(problem, held), ev)

@@ -128,13 +128,20 @@ def cheapest_chain(
     prev_val = np.array([float(rc.own[data_node])])
     back: list[np.ndarray] = []
     for nodes in layers:
-        cost = rc.node[nodes] if penalty is None else rc.node[nodes] + penalty[nodes]
-        m = prev_val[:, None] + rc.edge[prev_nodes[:, None], nodes]
-        arg = m.argmin(axis=0)
-        prev_val = m.min(axis=0) + cost
+        prev_val, arg = _next_layer(rc, prev_nodes, prev_val, nodes, penalty)
         back.append(arg)
         prev_nodes = nodes
     return close_chain(rc, data_node, layers, prev_nodes, prev_val, back)
+
+
+def _next_layer(
+    rc: RouteCosts, prev_nodes: np.ndarray, prev_val: np.ndarray, nodes: np.ndarray, penalty: np.ndarray | None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """One layer of a chain search: the cheapest chain so far ending at each of ``nodes`` (its
+    visit included), and which of ``prev_nodes`` it came from."""
+    cost = rc.node[nodes] if penalty is None else rc.node[nodes] + penalty[nodes]
+    m = prev_val[:, None] + rc.edge[prev_nodes[:, None], nodes]
+    return m.min(axis=0) + cost, m.argmin(axis=0)
 
 
 def cheapest_path(
@@ -323,12 +330,8 @@ def _one_by_one(
             done -= 1
         prev_nodes, prev_val, back = known[seq[:done]]
         for i in range(done, len(seq)):
-            nodes = layers[i]
-            cost = rc.node[nodes] if penalty is None else rc.node[nodes] + penalty[nodes]
-            m = prev_val[:, None] + rc.edge[prev_nodes[:, None], nodes]
-            back = [*back, m.argmin(axis=0)]
-            prev_val = m.min(axis=0) + cost
-            prev_nodes = nodes
+            prev_val, arg = _next_layer(rc, prev_nodes, prev_val, layers[i], penalty)
+            back, prev_nodes = [*back, arg], layers[i]
             known[seq[:i + 1]] = (prev_nodes, prev_val, back)
         cost, chain = close_chain(rc, data_node, layers, prev_nodes, prev_val, back)
         if chain and cost < best[0]:
