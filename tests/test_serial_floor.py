@@ -11,9 +11,10 @@ from hypothesis import strategies as st
 from skippipe.bounds import _data_node_trips, data_node_floor, trip_floor
 from skippipe.cluster_gen import single_site_cluster
 from skippipe.costs import BACKWARD_FACTOR, INJECT_GAP_S, LOSS_FACTOR, OP_GAP_S
+from skippipe.planfile import load_plan
 from skippipe.planner.methods import make_plan
 from skippipe.planner.problem import build_problem
-from skippipe.serial_floor import serial_trip_floor
+from skippipe.serial_floor import STEP_MICROBATCHES, kinds_schedule, serial_trip_floor
 from skippipe.sim import simulate
 from skippipe.workload import Workload
 
@@ -117,3 +118,28 @@ def test_plans_on_one_site_respect_the_sharper_bound(method):
     assert data_node_floor(plan.stages, c, list(plan.memory), w.microbatches_per_data_node, w.path_length,
                            w.max_swaps, w.max_jump) > closed + 0.5
     assert closed + 0.5 < result.lower_bound_s <= result.makespan_s
+
+
+def test_many_microbatches_search_deeper_than_pythons_stack():
+    """A schedule is 3m operations deep: with 400 microbatches the search runs 1,200 levels
+    down to its first schedule, past Python's recursion limit (the search keeps its own stack).
+    That schedule finishes no sooner than the data node's own work one after another."""
+    forward, m, slots = 1.0, 400, 3
+    value, steps = kinds_schedule(forward, [(m, 5.0, 7.0)], slots, LOSS_FACTOR, BACKWARD_FACTOR, INJECT_GAP_S,
+                                  OP_GAP_S, max_steps=10**6, first_below=True)
+    assert 3 * m <= steps * STEP_MICROBATCHES // m <= 10**6 and math.isfinite(value)
+    own = m * ((1 + LOSS_FACTOR + BACKWARD_FACTOR) * forward + INJECT_GAP_S + 2 * OP_GAP_S) - OP_GAP_S
+    assert value >= own - 1e-9
+
+
+def test_plan_with_many_microbatches_gets_its_bound(capsys, tmp_path):
+    """`skippipe plan --microbatches 400`: the plan's lower bound (the data node's own schedule
+    among its terms) is computed, not a recursion error."""
+    from skippipe.cli import main
+
+    out = tmp_path / "p.json"
+    assert main(["plan", "--cluster", "gcp20-current", "--method", "naive", "--microbatches", "400",
+                 "--out", str(out)]) == 0
+    plan = load_plan(out)
+    assert len(plan.microbatches) == 400 * len(plan.stages[0])
+    assert simulate(plan, record=False).lower_bound_s > 0

@@ -35,6 +35,7 @@ a step counts m / ``STEP_MICROBATCHES`` steps: the caps bound the work, not the 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from functools import lru_cache
 
 MAX_EXPANSIONS = 60_000  # search steps of ``serial_trip_floor`` at most (m = 6 takes at most a few thousand)
@@ -48,6 +49,7 @@ MAX_KEPT_STATES = 12  # states kept per set of operations done, to cut later sta
 STEP_MICROBATCHES = 12
 
 Kind = tuple[int, float, float]  # (microbatches, least time out, least time back)
+Node = tuple[float, float, int, int, int]  # a search state: machine free, finish, F, L and B done
 
 
 @lru_cache(maxsize=4096)
@@ -161,7 +163,9 @@ def kinds_schedule(
             stored.append(tuple(times))
         return False
 
-    def search(free: float, finish: float, done_f: int, done_l: int, done_b: int) -> None:
+    def expand(free: float, finish: float, done_f: int, done_l: int, done_b: int) -> Iterator[Node]:
+        """One search step at a state: yields its children, each with its operation applied to
+        the per-kind state (undone when the child's subtree is done)."""
         nonlocal best, steps
         steps += 1
         if steps * weight > work_cap or (first_below and best < cutoff):
@@ -175,24 +179,31 @@ def kinds_schedule(
             if n_l[i] > n_b[i]:
                 start = max(free, losses[i][n_b[i]] + loss + back_lag[i])
                 n_b[i] += 1
-                search(start + step_b, max(finish, start + bwd), done_f, done_l, done_b + 1)
+                yield start + step_b, max(finish, start + bwd), done_f, done_l, done_b + 1
                 n_b[i] -= 1
         for i in range(K):  # the oldest one of a kind out runs its loss
             if n_f[i] > n_l[i]:
                 losses[i][n_l[i]] = max(free, inject[i][n_l[i]] + f + out_lag[i])
                 n_l[i] += 1
-                search(losses[i][n_l[i] - 1] + step_l, finish, done_f, done_l + 1, done_b)
+                yield losses[i][n_l[i] - 1] + step_l, finish, done_f, done_l + 1, done_b
                 n_l[i] -= 1
         if done_f - done_b < k:  # a new injection, into a free slot
             for i in range(K):
                 if n_f[i] < count[i]:
                     inject[i][n_f[i]] = free
                     n_f[i] += 1
-                    search(free + step_f, finish, done_f + 1, done_l, done_b)
+                    yield free + step_f, finish, done_f + 1, done_l, done_b
                     n_f[i] -= 1
 
     root = bound(0.0, 0.0, 0, 0, 0)
-    search(0.0, 0.0, 0, 0, 0)
+    # depth first with a stack of its own, not Python's: a schedule is 3m operations deep
+    stack = [expand(0.0, 0.0, 0, 0, 0)]
+    while stack:
+        child = next(stack[-1], None)
+        if child is None:
+            stack.pop()
+        else:
+            stack.append(expand(*child))
     counted = steps * weight // STEP_MICROBATCHES
     if steps * weight > work_cap:
         return min(root, cutoff), max(counted, max_steps + 1)
