@@ -164,6 +164,23 @@ def test_processing_order_is_followed_and_deadlock_reported():
         simulate(plan, processing_order={1: ["F0", "B0", "F1", "L1"]})
 
 
+def test_validation_of_processing_orders():
+    """A plan's processing order must list each node's operations once, a backward after its
+    forward; the violations name the node and the microbatch."""
+    mbs = [Microbatch(0, 0, [1]), Microbatch(1, 0, [1])]
+    good = {0: ["F0", "F1", "L0", "L1", "B0", "B1"], 1: ["F0", "F1", "B1", "B0"]}
+    assert plan_violations(make_plan([[0], [1]], line(2, 0.5), 1.0, mbs, order=good)) == []
+    bad = {**good, 1: ["F0", "B1", "F1", "B0"]}
+    assert plan_violations(make_plan([[0], [1]], line(2, 0.5), 1.0, mbs, order=bad)) == [
+        "processing_order[1]: B1 comes before F1"]
+    short = {**good, 1: ["F0", "F1", "B1", "F9"]}
+    problems = plan_violations(make_plan([[0], [1]], line(2, 0.5), 1.0, mbs, order=short))
+    assert problems == ["processing_order[1] does not match its operations (missing ['B0'], extra ['F9'])"]
+    odd = {**good, 1: ["F0", "F1", "B1", "X0"]}
+    assert "processing_order[1]: operation 'X0'" in plan_violations(make_plan([[0], [1]], line(2, 0.5), 1.0, mbs,
+                                                                               order=odd))[0]
+
+
 def test_plan_processing_order_used_unless_overridden():
     mbs = [Microbatch(0, 0, [1]), Microbatch(1, 0, [1])]
     plan = make_plan([[0], [1]], line(2, 0.5), 1.0, mbs, order={1: ["F1", "B1", "F0", "B0"]}, memory=[3, 1])

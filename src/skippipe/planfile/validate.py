@@ -185,8 +185,7 @@ def plan_violations(plan: Plan) -> list[str]:
                 out.append(f"processing_order names node {node}, but nodes are 0..{n - 1}")
                 continue
             try:
-                for token in ops:
-                    parse_op(token)
+                parsed = [parse_op(token) for token in ops]
             except PlanError as exc:
                 out.append(f"processing_order[{node}]: {exc}")
                 continue
@@ -194,9 +193,11 @@ def plan_violations(plan: Plan) -> list[str]:
                 missing = sorted((expected[node] - Counter(ops)).elements())
                 extra = sorted((Counter(ops) - expected[node]).elements())
                 out.append(f"processing_order[{node}] does not match its operations (missing {missing[:4]}, extra {extra[:4]})")
-            for mb_id in {parse_op(t)[1] for t in ops}:
-                pos = {parse_op(t)[0]: i for i, t in enumerate(ops) if parse_op(t)[1] == mb_id}
-                if "F" in pos and "B" in pos and pos["F"] > pos["B"]:
+            last: dict[tuple[str, int], int] = {}  # (kind, microbatch) -> its last place in the order
+            for i, op in enumerate(parsed):
+                last[op] = i
+            for mb_id in {mb_id for _, mb_id in parsed}:
+                if ("F", mb_id) in last and ("B", mb_id) in last and last["F", mb_id] > last["B", mb_id]:
                     out.append(f"processing_order[{node}]: B{mb_id} comes before F{mb_id}")
     return out
 
