@@ -65,7 +65,7 @@ def test_a_timeline_places_an_operation_in_the_first_gap_that_fits_with_its_gap(
     line.reserve(3.0, 1.0, 0.1, ("F", 1))  # busy from 3.0
     assert line.earliest(0.5, 1.0, 0.1) == 1.1  # fits between: 1.1 + 1.1 <= 3.0
     assert line.earliest(0.5, 2.0, 0.1) == 4.1  # does not fit: after the second
-    line.holds.append((0.0, 2.0))
+    line.hold(0.0, 2.0)
     assert line.earliest_forward(0.5, 0.5, 0.1, slots=1) == 2.0  # waits for the held slot
     assert line.hold_fits(2.0, 5.0, slots=1)
     assert not line.hold_fits(1.5, 5.0, slots=1)
@@ -165,3 +165,25 @@ def test_the_quicker_start_routes_only_the_paced_timetable_from_paced_only_nodes
     assert variants(False, problem.n + 1) == [False, True]  # a small group: both
     assert variants(False, problem.n) == [True]  # from PACED_ONLY_NODES: the paced one only
     assert variants(True, problem.n) == [False, True]  # the full start: both at any size
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.floats(0.0, 100.0), st.floats(0.01, 30.0)), max_size=40),
+       st.floats(0.0, 130.0), st.floats(0.01, 30.0), st.integers(1, 4))
+def test_timeline_slot_holds_match_a_scan_of_every_hold(holds, t, length, slots):
+    """Only the holds that start within the longest hold before a time are looked at: the
+    covering holds, a forward's earliest start with a free slot and whether a hold fits are
+    those of a scan over every hold."""
+    line = Timeline()
+    for a, dur in holds:
+        line.hold(a, a + dur)
+    every = [(a, a + dur) for a, dur in holds]
+    assert sorted(line._covering(t)) == sorted(b for a, b in every if a <= t < b)
+    covering = [b for a, b in every if a <= t < b]
+    expected = t if len(covering) < slots else min(covering)
+    while len([b for a, b in every if a <= expected < b]) >= slots:
+        expected = min(b for a, b in every if a <= expected < b)
+    assert line.earliest_forward(t, 1.0, 0.1, slots) == expected
+    points = [t] + [a for a, _ in every if t < a < t + length]
+    assert line.hold_fits(t, t + length, slots) == all(
+        1 + sum(1 for a, b in every if a <= p < b) <= slots for p in points)

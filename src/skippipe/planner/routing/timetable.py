@@ -57,12 +57,16 @@ class Timetable:
 @dataclass
 class Timeline:
     """One node's reserved operations: sorted starts, busy-until (end plus the gap after), the
-    operation tokens, and the activation-slot holds ``[forward start, backward start)``."""
+    operation tokens, and the activation-slot holds ``[forward start, backward start)``, sorted by
+    their starts (a hold covering a time started at most the longest hold before it: with many
+    microbatches a node holds hundreds, and only those few are looked at)."""
 
     starts: list[float] = field(default_factory=list)
     busy: list[float] = field(default_factory=list)
     tokens: list[tuple[str, int]] = field(default_factory=list)
     holds: list[tuple[float, float]] = field(default_factory=list)
+    hold_starts: list[float] = field(default_factory=list)
+    longest: float = 0.0  # the longest hold
 
     def earliest(self, ready: float, dur: float, gap: float) -> float:
         """Earliest start >= ready of an operation that fits, with its gap, between reservations."""
@@ -80,15 +84,33 @@ class Timeline:
         t = ready
         while True:
             t = self.earliest(t, dur, gap)
-            covering = [b for a, b in self.holds if a <= t < b]
+            covering = self._covering(t)
             if len(covering) < max(1, slots):
                 return t
             t = min(covering)
 
     def hold_fits(self, start: float, end: float, slots: int) -> bool:
         """Whether a hold ``[start, end)`` keeps every forward on the node within ``slots``."""
-        points = [start] + [a for a, _ in self.holds if start < a < end]
-        return all(1 + sum(1 for a, b in self.holds if a <= p < b) <= slots for p in points)
+        inside = self.hold_starts[bisect.bisect_right(self.hold_starts, start):bisect.bisect_left(self.hold_starts, end)]
+        return all(1 + len(self._covering(p)) <= slots for p in (start, *inside))
+
+    def hold(self, start: float, end: float) -> None:
+        """Record an activation-slot hold ``[start, end)``."""
+        i = bisect.bisect_right(self.hold_starts, start)
+        self.hold_starts.insert(i, start)
+        self.holds.insert(i, (start, end))
+        self.longest = max(self.longest, end - start)
+
+    def _covering(self, t: float) -> list[float]:
+        """The ends of the holds that cover ``t`` (start <= t < end), in no particular order."""
+        ends = []
+        j = bisect.bisect_right(self.hold_starts, t)
+        low = t - self.longest - 1e-9 * max(1.0, abs(t))  # a hold starting before it ended by t
+        while j > 0 and self.hold_starts[j - 1] >= low:
+            j -= 1
+            if t < self.holds[j][1]:
+                ends.append(self.holds[j][1])
+        return ends
 
     def reserve(self, start: float, dur: float, gap: float, token: tuple[str, int]) -> None:
         i = bisect.bisect_right(self.starts, start)
@@ -258,7 +280,7 @@ def timetable_routes(
             if kind in "IF":
                 first[node] = start
             elif kind == "B":
-                lines[node].holds.append((first[node], start))
+                lines[node].hold(first[node], start)
         for x in path:
             room[x] -= 1
         done.append((d, path, t0, ops))
