@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -10,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cluster_strategies import generated_problems
-from skippipe.cluster_gen import random_global_cluster, single_site_cluster
+from skippipe.cluster_gen import one_per_location, random_global_cluster, single_site_cluster
 from skippipe.errors import UserError
 from skippipe.planner.floors import _round_trips, free_allocation_floor
 from skippipe.planner.methods import make_plan
@@ -107,3 +108,30 @@ def test_a_solve_error_is_asked_again():
     relaxed = free_allocation_floor(problem, max_sets=1, max_tuples=1)
     assert relaxed.value <= exact.value * (1 + 1e-5)
     assert exact.slot_time_s > 19.40
+
+
+def test_no_floor_over_every_allocation_for_caps_looser_than_the_clusters(tmp_path, capsys):
+    """A plan of islands keeps each island's TC1 caps, which can be looser than the cluster's
+    that the floor counts (fuzz case 1018: its plan took 130.27 s, the floor said 134.50 s):
+    `simulate` does not report that floor for such a plan (nor does `plan`, by the same test)."""
+    import json
+
+    from skippipe.cli import main
+    from skippipe.planfile import load_plan, save_plan
+    from skippipe.planner.floors import keeps_cluster_caps, plan_free_floor
+
+    out = tmp_path / "p.json"
+    assert main(["plan", "--cluster", "gcp-2025/geo-distributed/12", "--method", "naive", "--out", str(out)]) == 0
+    capsys.readouterr()
+    plan = load_plan(out)
+    assert plan_free_floor(plan) is not None
+    problem = build_problem(one_per_location("gcp-2025"), Workload())
+    assert keeps_cluster_caps(plan, problem)
+    looser = list(plan.constraints.max_load)
+    looser[plan.stages[1][0]] += 1
+    plan.constraints = dataclasses.replace(plan.constraints, max_load=looser)
+    assert not keeps_cluster_caps(plan, problem)
+    save_plan(plan, out)
+    assert plan_free_floor(load_plan(out)) is None
+    assert main(["simulate", str(out), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["floor_all_s"] is None

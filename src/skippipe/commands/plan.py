@@ -145,12 +145,14 @@ def problem_from_args(args: argparse.Namespace) -> Any:
 
 
 def plan_summary(plan: Any, problem: Any) -> dict[str, Any]:
-    from skippipe.planner.floors import free_allocation_floor
+    from skippipe.planner.floors import free_allocation_floor, keeps_cluster_caps
 
     w = problem.workload
     lb = plan.lower_bound_s
     ms = plan.predicted_makespan_s
-    floor_all = free_allocation_floor(problem).value if problem.fixed_stages is None else None
+    floor_all = None  # over every allocation: not for a fixed one, nor for caps looser than the cluster's
+    if problem.fixed_stages is None and keeps_cluster_caps(plan, problem):
+        floor_all = free_allocation_floor(problem).value
     return {
         "method": plan.method,
         "cluster": problem.cluster.name,

@@ -74,7 +74,8 @@ ROUTED_SETS = 20_000  # data-node sets ranked for the routed floor at most
 ROUTED_SOLVES = 8  # routing programmes solved at most, the least-floor sets first (0.05-0.7 s each)
 ROUTED_WORK = 12_000  # and their variables (paths x data nodes) summed at most
 
-__all__ = ["trip_floor", "allocation_data_node_floor", "free_allocation_floor", "plan_free_floor", "FreeFloor"]
+__all__ = ["trip_floor", "allocation_data_node_floor", "free_allocation_floor", "plan_free_floor", "keeps_cluster_caps",
+           "FreeFloor"]
 
 
 def allocation_data_node_floor(problem: Problem, stages: list[list[int]]) -> float:
@@ -286,7 +287,9 @@ def _routed(problem: Problem, sets: SetFloor, routing: bool = True) -> tuple[flo
 
 def plan_free_floor(plan: Plan) -> FreeFloor | None:
     """``free_allocation_floor`` for the cluster, costs and workload a plan file carries (its
-    stage sizes kept); None when the file records no workload."""
+    stage sizes kept); None when the file records no workload, or when its TC1 caps are looser
+    than the cluster's somewhere (a plan of islands, each with its own caps: the floor counts
+    the cluster's)."""
     if not plan.workload:
         return None
     w = dataclasses.replace(workload_from_dict(dict(plan.workload), where="plan workload"),
@@ -296,4 +299,13 @@ def plan_free_floor(plan: Plan) -> FreeFloor | None:
                       forward_s=np.array(c.forward_s, dtype=float), memory=np.array(plan.memory, dtype=int))
     cm = CostModel(backward_factor=c.backward_factor, loss_factor=c.loss_factor, inject_gap_s=c.inject_gap_s,
                    op_gap_s=c.op_gap_s)
-    return free_allocation_floor(build_problem(cluster, w, cm))
+    problem = build_problem(cluster, w, cm)
+    return free_allocation_floor(problem) if keeps_cluster_caps(plan, problem) else None
+
+
+def keeps_cluster_caps(plan: Plan, problem: Problem) -> bool:
+    """Whether no TC1 cap of ``plan`` is looser than the cluster's (``Problem.load_caps``), which
+    the floor over every allocation counts: a plan of islands has each island's caps instead
+    (``routing.decompose``), and may be quicker than that floor."""
+    caps = plan.constraints.max_load
+    return caps is None or all(c <= r for c, r in zip(caps, problem.load_caps(plan.stages)))
