@@ -18,7 +18,7 @@ Every method plans it with its default settings; a plan must then
 - be planned within ``--timeout`` seconds.
 
     python3 benchmarks/planner_fuzz.py [--first 0] [--count 40] [--methods naive random ...] [--timeout 240]
-        [--microbatches m]
+        [--microbatches m] [--largest 40]
 
 Prints one line per case and method and a count of failed checks; exits 1 when a check failed.
 """
@@ -52,13 +52,14 @@ def _alarm(signum, frame) -> None:
     raise PlanningTimeout
 
 
-def case(k: int, microbatches: int | None = None) -> tuple[str, Problem]:
+def case(k: int, microbatches: int | None = None, largest: int = 40) -> tuple[str, Problem]:
     """Case ``k``: a description and its problem (``UserError`` where the draw is refused);
-    ``microbatches`` per data node instead of the drawn number where given."""
+    ``microbatches`` per data node instead of the drawn number where given, S to ``largest``
+    nodes (the same draw otherwise)."""
     rng = random.Random(k)
     S = rng.randint(2, 9)
     L = rng.randint(2, S)
-    n = rng.randint(S, 40)
+    n = rng.randint(S, largest)
     m = rng.choice([1, 1, 2, 3, 6, 9, 17])
     m = m if microbatches is None else microbatches
     mem = rng.choice([1, 1, 2, 3, 6])
@@ -115,12 +116,13 @@ def main() -> int:
     ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
     ap.add_argument("--timeout", type=int, default=240, help="seconds one method may plan one case")
     ap.add_argument("--microbatches", type=int, default=None, help="per data node in every case (default: drawn)")
+    ap.add_argument("--largest", type=int, default=40, help="nodes in a case at most")
     args = ap.parse_args()
     signal.signal(signal.SIGALRM, _alarm)
     failures = planned = refused = 0
     for k in range(args.first, args.first + args.count):
         try:
-            text, problem = case(k, args.microbatches)
+            text, problem = case(k, args.microbatches, args.largest)
         except UserError as err:
             print(f"case {k}: refused as drawn ({err})")
             continue
