@@ -35,7 +35,8 @@ CHAIN_CANDIDATES = (PRIVATE_CHAINS, GROUPS)
 CHAIN_ORDER_SIMS = 2000
 # and at most this many operations simulated in all: a component holds a data node's m
 # microbatches, 2L + 1 operations each, so the simulations are fewer only beyond that many
-# (L = 4: beyond 96 microbatches per data node; 2,000 of 1,000 microbatches took 80 s)
+# (L = 4: beyond 96 microbatches per data node; with 400 the 2,000 took 55 s of a profiled
+# planning of 105 s)
 CHAIN_ORDER_OPS = CHAIN_ORDER_SIMS * 96 * 9
 
 
