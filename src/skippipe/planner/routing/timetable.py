@@ -65,7 +65,6 @@ class Timeline:
     busy: list[float] = field(default_factory=list)
     tokens: list[tuple[str, int]] = field(default_factory=list)
     holds: list[tuple[float, float]] = field(default_factory=list)
-    hold_starts: list[float] = field(default_factory=list)
     longest: float = 0.0  # the longest hold
 
     def earliest(self, ready: float, dur: float, gap: float) -> float:
@@ -91,22 +90,20 @@ class Timeline:
 
     def hold_fits(self, start: float, end: float, slots: int) -> bool:
         """Whether a hold ``[start, end)`` keeps every forward on the node within ``slots``."""
-        inside = self.hold_starts[bisect.bisect_right(self.hold_starts, start):bisect.bisect_left(self.hold_starts, end)]
-        return all(1 + len(self._covering(p)) <= slots for p in (start, *inside))
+        inside = self.holds[bisect.bisect_right(self.holds, (start, math.inf)):bisect.bisect_left(self.holds, (end, -math.inf))]
+        return all(1 + len(self._covering(p)) <= slots for p in (start, *(a for a, _ in inside)))
 
     def hold(self, start: float, end: float) -> None:
         """Record an activation-slot hold ``[start, end)``."""
-        i = bisect.bisect_right(self.hold_starts, start)
-        self.hold_starts.insert(i, start)
-        self.holds.insert(i, (start, end))
+        bisect.insort(self.holds, (start, end))
         self.longest = max(self.longest, end - start)
 
     def _covering(self, t: float) -> list[float]:
         """The ends of the holds that cover ``t`` (start <= t < end), in no particular order."""
         ends = []
-        j = bisect.bisect_right(self.hold_starts, t)
+        j = bisect.bisect_right(self.holds, (t, math.inf))  # the holds that start by t come before j
         low = t - self.longest - 1e-9 * max(1.0, abs(t))  # a hold starting before it ended by t
-        while j > 0 and self.hold_starts[j - 1] >= low:
+        while j > 0 and self.holds[j - 1][0] >= low:
             j -= 1
             if t < self.holds[j][1]:
                 ends.append(self.holds[j][1])
