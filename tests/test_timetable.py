@@ -172,8 +172,8 @@ def test_the_quicker_start_routes_only_the_paced_timetable_from_paced_only_nodes
        st.floats(0.0, 130.0), st.floats(0.01, 30.0), st.integers(1, 4))
 def test_timeline_slot_holds_match_a_scan_of_every_hold(holds, t, length, slots):
     """Only the holds that start within the longest hold before a time are looked at: the
-    covering holds, a forward's earliest start with a free slot and whether a hold fits are
-    those of a scan over every hold."""
+    covering holds, a forward's earliest start with a free slot, whether a hold fits and the
+    holds overlapping a span are those of a scan over every hold."""
     line = Timeline()
     for a, dur in holds:
         line.hold(a, a + dur)
@@ -187,3 +187,4 @@ def test_timeline_slot_holds_match_a_scan_of_every_hold(holds, t, length, slots)
     points = [t] + [a for a, _ in every if t < a < t + length]
     assert line.hold_fits(t, t + length, slots) == all(
         1 + sum(1 for a, b in every if a <= p < b) <= slots for p in points)
+    assert sorted(line.overlapping_ends(t, t + length)) == sorted(b for a, b in every if b > t and a < t + length)

@@ -90,8 +90,16 @@ class Timeline:
 
     def hold_fits(self, start: float, end: float, slots: int) -> bool:
         """Whether a hold ``[start, end)`` keeps every forward on the node within ``slots``."""
-        inside = self.holds[bisect.bisect_right(self.holds, (start, math.inf)):bisect.bisect_left(self.holds, (end, -math.inf))]
-        return all(1 + len(self._covering(p)) <= slots for p in (start, *(a for a, _ in inside)))
+        return all(1 + len(self._covering(p)) <= slots for p in (start, *(a for a, _ in self._inside(start, end))))
+
+    def overlapping_ends(self, start: float, end: float) -> list[float]:
+        """The ends of the holds that overlap ``[start, end)``: those covering ``start`` and those
+        starting inside."""
+        return self._covering(start) + [b for _, b in self._inside(start, end)]
+
+    def _inside(self, start: float, end: float) -> list[tuple[float, float]]:
+        """The holds that start strictly between ``start`` and ``end``."""
+        return self.holds[bisect.bisect_right(self.holds, (start, math.inf)):bisect.bisect_left(self.holds, (end, -math.inf))]
 
     def hold(self, start: float, end: float) -> None:
         """Record an activation-slot hold ``[start, end)``."""
@@ -186,7 +194,7 @@ def _place_all(
         dur = c.backward_factor * f[x]
         s = place(x, t + T[prev, x], dur, c.op_gap)
         if x != d and not lines[x].hold_fits(first[x], s, c.memory[x]):
-            frees = [b for a, b in lines[x].holds if b > first[x] and a < s]
+            frees = lines[x].overlapping_ends(first[x], s)
             return _SlotTaken(x, min(frees) if frees else s)
         ops.append((x, s, "B", dur, c.op_gap))
         t, prev = s + dur, x
