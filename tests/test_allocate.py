@@ -257,7 +257,8 @@ def test_stages_of_slow_nodes_are_dealt_again_until_the_tc1_caps_carry_every_vis
     # slowest nodes into one stage leaves it short; the repair deals them again whenever any
     # dealing carries the visits (checked by brute force), and leaves a feasible one alone.
     from skippipe.planner.allocation.stage_caps import balance_stage_caps
-    from skippipe.planner.routing.sequences import sequence_quotas, stage_cap_sums, stage_sequences
+    from skippipe.planner.routing.sequences import stage_cap_sums
+    from skippipe.planner.stage_orders import sequence_quotas, stage_sequences
 
     n = max(n, 2 * s)
     forward = np.random.default_rng(seed).uniform(0.5, 2.0, size=n)
@@ -308,7 +309,8 @@ def test_fast_data_nodes_are_traded_when_no_dealing_carries_the_visits():
     # cap of 5, so no dealing carries the visits; trading it for the slowest node leaves five
     from skippipe.planner.allocation.stage_caps import balance_stage_caps
     from skippipe.planner.methods import make_plan
-    from skippipe.planner.routing.sequences import sequence_quotas, stage_cap_sums, stage_sequences
+    from skippipe.planner.routing.sequences import stage_cap_sums
+    from skippipe.planner.stage_orders import sequence_quotas, stage_sequences
 
     speed = [0.44, 1.03, 0.53, 0.81, 0.66, 0.73, 0.69, 0.41, 1.23, 1.49, 1.01, 1.29]
     cluster = cluster_from_dict({"transfer_s": np.full((12, 12), 0.4).tolist(), "forward_s": [1 / v for v in speed]})

@@ -19,15 +19,9 @@ from skippipe.planner.routing import sequences
 from skippipe.planner.routing.balanced import balanced_candidate, balanced_routes
 from skippipe.planner.routing.evaluate import Evaluator
 from skippipe.planner.routing.schedule import build_plan
-from skippipe.planner.routing.sequences import (
-    RouteCosts,
-    cheapest_chain,
-    cheapest_over_sequences,
-    sequence_quotas,
-    stage_cap_sums,
-    stage_sequences,
-)
+from skippipe.planner.routing.sequences import RouteCosts, cheapest_chain, cheapest_over_sequences, stage_cap_sums
 from skippipe.planner.routing.static import static_routes
+from skippipe.planner.stage_orders import sequence_quotas, stage_sequences
 from skippipe.workload import Workload
 
 

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from skippipe.cluster_gen import random_global_cluster
 from skippipe.planner.problem import build_problem
 from skippipe.planner.routing.assign import Capacity
-from skippipe.planner.routing.sequences import RouteCosts, cheapest_chain, node_classes, stage_sequences
+from skippipe.planner.routing.sequences import RouteCosts, cheapest_chain, node_classes
+from skippipe.planner.stage_orders import stage_sequences
 from skippipe.workload import Workload
 
 

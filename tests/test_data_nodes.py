@@ -17,7 +17,8 @@ from skippipe.planner.routing.balanced import balanced_candidate
 from skippipe.planner.routing.data_nodes import MAX_NODES, data_node_search, exchanged, partners
 from skippipe.planner.routing.evaluate import Evaluator
 from skippipe.planner.routing.schedule import build_plan, plan_skippipe
-from skippipe.planner.routing.sequences import RouteCosts, cheapest_over_sequences, stage_sequences
+from skippipe.planner.routing.sequences import RouteCosts, cheapest_over_sequences
+from skippipe.planner.stage_orders import stage_sequences
 from skippipe.workload import Workload
 
 

@@ -13,7 +13,7 @@ from skippipe.errors import UserError, WorkloadError
 from skippipe.planfile import plan_violations
 from skippipe.planner.methods import make_plan, method_names
 from skippipe.planner.problem import build_problem
-from skippipe.planner.routing.sequences import stage_sequences
+from skippipe.planner.stage_orders import stage_sequences
 from skippipe.workload import Workload, least_max_jump
 
 

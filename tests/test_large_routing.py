@@ -22,8 +22,9 @@ from skippipe.planner.routing.assign import Capacity, assign_static, route_one
 from skippipe.planner.routing.balanced import balanced_candidate
 from skippipe.planner.routing.evaluate import Evaluator
 from skippipe.planner.routing.schedule import build_plan, plan_no_tc2, plan_skippipe
-from skippipe.planner.routing.sequences import LARGE_NODES, RouteCosts, nearest, node_classes, stage_sequences
+from skippipe.planner.routing.sequences import LARGE_NODES, RouteCosts, nearest, node_classes
 from skippipe.planner.routing.static import static_routes
+from skippipe.planner.stage_orders import stage_sequences
 from skippipe.workload import Workload
 
 

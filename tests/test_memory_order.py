@@ -22,7 +22,8 @@ from skippipe.planner.problem import build_problem
 from skippipe.planner.routing import candidates
 from skippipe.planner.routing.balanced import balanced_routes, slot_holds
 from skippipe.planner.routing.schedule import build_plan
-from skippipe.planner.routing.sequences import RouteCosts, sequence_quotas, stage_cap_sums, stage_sequences
+from skippipe.planner.routing.sequences import RouteCosts, stage_cap_sums
+from skippipe.planner.stage_orders import sequence_quotas, stage_sequences
 from skippipe.sim import simulate
 from skippipe.workload import Workload
 

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from skippipe.planner.routing.order_graph import order_graph
-from skippipe.planner.routing.sequences import stage_sequences
+from skippipe.planner.stage_orders import stage_sequences
 
 
 @settings(max_examples=80, deadline=None)

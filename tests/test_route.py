@@ -19,10 +19,10 @@ from skippipe.planfile import path_rule_violation, plan_violations
 from skippipe.planner.allocation import allocate
 from skippipe.planner.floors import allocation_data_node_floor, trip_floor
 from skippipe.planner.problem import build_problem
-from skippipe.planner.routing.assign import sequence_quotas
 from skippipe.planner.routing.evaluate import Evaluator, Incremental
 from skippipe.planner.routing.schedule import plan_no_tc2, plan_skippipe
-from skippipe.planner.routing.sequences import RouteCosts, cheapest_path, node_classes, prefix_tree, stage_sequences
+from skippipe.planner.routing.sequences import RouteCosts, cheapest_path, node_classes, prefix_tree
+from skippipe.planner.stage_orders import sequence_quotas, stage_sequences
 from skippipe.reference import reference_problem, reference_stages
 from skippipe.sim import simulate
 from skippipe.workload import Workload, least_max_jump

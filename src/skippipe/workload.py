@@ -6,8 +6,9 @@ Defaults are the reference configuration (DESIGN §3): 6 stages, paths of 4 stag
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ClassVar
 
@@ -19,6 +20,15 @@ from skippipe.errors import WorkloadError
 from skippipe.limits import MAX_CTX, MAX_LAYERS, MAX_MICROBATCHES, MAX_NODES, MAX_SAMPLES, MAX_STAGES, MAX_WIDTH, at_most
 
 NON_NEGATIVE = {"min": 0}
+
+# whether stages 1..S-1 with these TC1 cap sums can take this many microbatches under the path
+# rules (``planner.problem`` gives one; without it each stage counts up to one visit a microbatch)
+StageCapsCarry = Callable[[list[int], int], bool]
+# stage sizes tried per number of data nodes (the nodes left over on other stages), and how many
+# of them the path rules are asked about (an integer programme each, about 2 ms); beyond that
+# the count of one visit per microbatch a stage decides
+SPLITS_PER_D = 16
+PATH_RULE_CHECKS = 64
 
 
 def tc1_caps(speed: np.ndarray | Sequence[float], visits: int, total_speed: float) -> np.ndarray:
@@ -124,14 +134,19 @@ class Workload(PipelineShape):
             start += count
         return out
 
-    def sizes_for(self, n_nodes: int, speeds: Sequence[float] | None = None) -> list[int]:
+    def sizes_for(
+        self, n_nodes: int, speeds: Sequence[float] | None = None, carries: StageCapsCarry | None = None
+    ) -> list[int]:
         """Nodes per stage for a cluster of n nodes (``speeds``: theirs, 1 / forward time; all
         equal when not given).
 
         Every node should carry the same load: a data node runs its m microbatches; the
         D*m*(L-1) visits to other stages spread over the other nodes. Equal load gives
-        D = N / L data nodes; the rest split evenly over stages 1..S-1. Where the stages could
-        not take the visits under the TC1 caps (``_carried``), the nearest D whose can.
+        D = N / L data nodes; the rest split evenly over stages 1..S-1 (the nodes left over to
+        the earlier stages). Where the stages could not take the visits under the TC1 caps
+        (``_carried``; ``carries`` says whether the path rules let stage cap sums take them:
+        with ``max_jump`` binding the stages are not visited alike), the same D with the nodes
+        left over on other stages, else the nearest D whose stages can.
         """
         if self.stage_sizes is not None:
             if sum(self.stage_sizes) != n_nodes:
@@ -146,16 +161,22 @@ class Workload(PipelineShape):
         most = n_nodes - (s - 1)
         data = min(max(1, round(n_nodes / self.path_length)), most)
         nearest = sorted(range(1, most + 1), key=lambda d: (abs(d - data), d))
-        return next((sizes for d in nearest if self._carried(sizes := _split(n_nodes, s, d), ranked)),
-                    _split(n_nodes, s, data))
+        checks = [PATH_RULE_CHECKS]
 
-    def _carried(self, sizes: list[int], ranked_speeds: list[float]) -> bool:
+        def carried(sizes: list[int]) -> bool:  # the path rules' check while its count lasts
+            checks[0] -= 1
+            return self._carried(sizes, ranked, carries if checks[0] >= 0 else None)
+
+        return next((sizes for d in nearest for sizes in itertools.islice(_splits(n_nodes, s, d), SPLITS_PER_D)
+                     if carried(sizes)), _split(n_nodes, s, data))
+
+    def _carried(self, sizes: list[int], ranked_speeds: list[float], carries: StageCapsCarry | None = None) -> bool:
         """Whether stages of these sizes can take the D*m*(L-1) visits under the TC1 caps (each
         node outside stage 0 its share by speed, rounded up; a stage at most one visit per
         microbatch) on one allocation: the D slowest nodes as data nodes, the others dealt
         fastest first to the stage that needs the most per free place. With L = S every stage
         takes every microbatch, so with even speeds a stage one node smaller than the others
-        is often too small."""
+        is often too small. Then ``carries``, the path rules' check, on each stage's best cap sum."""
         microbatches = sizes[0] * self.microbatches_per_data_node
         visits = microbatches * (self.path_length - 1)
         others = ranked_speeds[sizes[0]:]
@@ -165,7 +186,11 @@ class Workload(PipelineShape):
             k = max((k for k in range(len(free)) if free[k]), key=lambda k: (microbatches - carry[k]) / free[k])
             carry[k] += cap
             free[k] -= 1
-        return sum(min(c, microbatches) for c in carry) >= visits
+        if sum(min(c, microbatches) for c in carry) < visits:
+            return False
+        # the path rules, asked about each stage at its best (its nodes the fastest there are):
+        # so only sizes that no dealing of the nodes could carry are turned down
+        return carries is None or carries([sum(caps[len(caps) - size:]) for size in sizes[1:]], microbatches)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -177,8 +202,15 @@ class Workload(PipelineShape):
 def _split(n_nodes: int, num_stages: int, data: int) -> list[int]:
     """``data`` data nodes, the rest of ``n_nodes`` split as evenly as can be over stages 1..S-1
     (earlier stages get the rest)."""
+    return next(_splits(n_nodes, num_stages, data))
+
+
+def _splits(n_nodes: int, num_stages: int, data: int) -> Iterator[list[int]]:
+    """``data`` data nodes, the rest of ``n_nodes`` split as evenly as can be over stages 1..S-1:
+    every choice of the stages that take the nodes left over, the earliest stages first."""
     base, extra = divmod(n_nodes - data, num_stages - 1)
-    return [data] + [base + (1 if i < extra else 0) for i in range(num_stages - 1)]
+    for chosen in itertools.combinations(range(num_stages - 1), extra):
+        yield [data] + [base + (1 if i in chosen else 0) for i in range(num_stages - 1)]
 
 
 # The pipeline ``skippipe train`` plans when its ``[plan]`` table does not say: a small run.

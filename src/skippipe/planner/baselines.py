@@ -28,7 +28,8 @@ from skippipe.errors import UserError
 from skippipe.planfile import Microbatch, Plan, path_rule_violation
 from skippipe.planner.allocation import allocate, bottleneck_matching
 from skippipe.planner.problem import Problem
-from skippipe.planner.routing.sequences import sequence_quotas, stage_cap_sums, tc1_refusal
+from skippipe.planner.routing.sequences import stage_cap_sums, tc1_refusal
+from skippipe.planner.stage_orders import sequence_quotas
 
 
 def _links(problem: Problem) -> np.ndarray:

@@ -16,7 +16,8 @@ from skippipe.costs import CostModel, activation_bytes, scaled_t_layer
 from skippipe.errors import ClusterError, UserError
 from skippipe.limits import FLOAT_LIMIT
 from skippipe.planfile import Constraints, Costs, Microbatch, Plan
-from skippipe.workload import Workload, tc1_caps
+from skippipe.planner.stage_orders import sequence_quotas, stage_sequences
+from skippipe.workload import StageCapsCarry, Workload, tc1_caps
 
 
 @dataclass
@@ -147,8 +148,21 @@ def build_problem(cluster: Cluster, workload: Workload, cost_model: CostModel | 
     if workload.path_length > workload.num_stages:
         raise UserError(f"path length L={workload.path_length} is larger than the number of stages S={workload.num_stages}")
     if cluster.stages is None:
-        sizes = workload.sizes_for(cluster.n, (1.0 / forward).tolist() if np.all(forward > 0) else None)
+        sizes = workload.sizes_for(cluster.n, (1.0 / forward).tolist() if np.all(forward > 0) else None,
+                                   _path_rules_carry(workload))
     return Problem(
         cluster=cluster, workload=workload, cost_model=cm, transfer_s=transfer,
         forward_s=forward, memory=memory, stage_sizes=sizes,
     )
+
+
+def _path_rules_carry(workload: Workload) -> StageCapsCarry | None:
+    """Whether stages 1..S-1 with these TC1 cap sums can take this many microbatches on the stage
+    orders the workload's path rules allow (``Workload.sizes_for``). None where every increasing
+    order is allowed (``max_jump`` >= S - 1): then a visit per microbatch a stage is the whole rule."""
+    w = workload
+    if w.max_jump >= w.num_stages - 1:
+        return None
+    return lambda sums, microbatches: sequence_quotas(
+        stage_sequences(w.num_stages, w.path_length, w.max_swaps, w.max_jump), [0, *sums], microbatches
+    ) is not None

@@ -71,7 +71,7 @@ from scipy.optimize import linear_sum_assignment
 
 from skippipe.planner.problem import Problem
 from skippipe.planner.programme_floor import least_feasible
-from skippipe.planner.routing.sequences import stage_sequences
+from skippipe.planner.stage_orders import stage_sequences
 from skippipe.workload import largest_tc1_caps
 
 GRID_POINTS = 40  # ends of the stretches tried, evenly over [0, T], and the spans' window ends

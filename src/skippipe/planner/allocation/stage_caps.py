@@ -35,7 +35,8 @@ from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import maximum_bipartite_matching
 
 from skippipe.planner.problem import Problem
-from skippipe.planner.routing.sequences import sequence_quotas, stage_cap_sums, stage_sequences
+from skippipe.planner.routing.sequences import stage_cap_sums
+from skippipe.planner.stage_orders import sequence_quotas, stage_sequences
 
 # the hold-balanced dealing stops at this relative gap to its optimum (HiGHS; deterministic)
 HOLD_GAP = 0.02

@@ -33,11 +33,10 @@ from skippipe.planner.routing.sequences import (
     node_classes,
     search_width,
     sequence_array,
-    sequence_quotas,
     stage_cap_sums,
-    stage_sequences,
     tc1_refusal,
 )
+from skippipe.planner.stage_orders import sequence_quotas, stage_sequences
 
 
 class Capacity:

@@ -30,14 +30,8 @@ import numpy as np
 
 from skippipe.planner.problem import Problem
 from skippipe.planner.routing.evaluate import Evaluator, Route, Score
-from skippipe.planner.routing.sequences import (
-    RouteCosts,
-    cheapest_over_sequences,
-    nearest,
-    search_width,
-    sequence_quotas,
-    stage_cap_sums,
-)
+from skippipe.planner.routing.sequences import RouteCosts, cheapest_over_sequences, nearest, search_width, stage_cap_sums
+from skippipe.planner.stage_orders import sequence_quotas
 
 # the queue weight: 1.0 counts a queued visit as fully delaying this one
 QUEUE_WEIGHT = 1.0

@@ -18,7 +18,7 @@ from skippipe.planner.routing.evaluate import Evaluator, Route, Score
 from skippipe.planner.routing.fast_allocation import fast_allocation
 from skippipe.planner.routing.fast_packing import packed_allocation
 from skippipe.planner.routing.search import SearchLimits
-from skippipe.planner.routing.sequences import RouteCosts, stage_sequences
+from skippipe.planner.routing.sequences import RouteCosts
 from skippipe.planner.routing.slow_links import (
     DEALING_MAX_ARCS,
     MAX_ARCS,
@@ -29,6 +29,7 @@ from skippipe.planner.routing.slow_links import (
 )
 from skippipe.planner.routing.timetable import LARGEST as TIMETABLE_LARGEST
 from skippipe.planner.routing.timetable import estimated_work, timetable_routes
+from skippipe.planner.stage_orders import stage_sequences
 
 # up to this many nodes timetables are cheap (under 0.2 s each at 30 nodes): two allocations
 # and restarts

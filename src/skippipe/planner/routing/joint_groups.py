@@ -29,7 +29,7 @@ from skippipe.planner.problem import Problem
 from skippipe.planner.routing.budget import planning_target_s
 from skippipe.planner.routing.group_places import enough_chain_nodes, leftover_data_nodes, spare_places
 from skippipe.planner.routing.groups import GroupCosts
-from skippipe.planner.routing.sequences import stage_sequences
+from skippipe.planner.stage_orders import stage_sequences
 
 
 def stage_windows(sizes: list[int], groups: int, max_swaps: int, max_jump: int) -> list[list[int]] | None:
