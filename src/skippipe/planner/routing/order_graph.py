@@ -1,7 +1,7 @@
 """The valid stage orders as one small graph: shared beginnings and shared endings merged.
 
 The flow programme of ``routing.slow_links`` sends each microbatch along a valid stage order
-(CC2/CC3, ``sequences.stage_sequences``). One copy of the stages per order makes it large:
+(CC2/CC3, ``stage_orders.stage_sequences``). One copy of the stages per order makes it large:
 185 orders of 4 stages (S = 9, L = 5, two swaps) give 1,321 arcs per data node on a 12-node
 cluster. The orders are words of one length over the stages, so they form a finite language,
 and its minimal automaton (a directed acyclic word graph) has one state per distinct set of
