@@ -17,7 +17,8 @@ site and one slot per node: 162.96 s whole against 263.04 s in groups), so both 
    joined; 16, or 12 below 32 nodes), stage sizes by ``decompose.apportion``, each group planned with
    ``decompose.GROUP_BUDGET`` simulations; data nodes moved between groups by the groups'
    makespans (``decompose.moved_data_nodes``, the same rounds as for islands, then up to
-   ``SINGLE_ROUNDS`` single moves from the slowest group); merged.
+   ``SINGLE_ROUNDS`` single moves from the slowest group); with uneven compute the slowest
+   group's plan then tried against the look-ahead timetable (``looked_ahead``); merged.
 
 The quicker plan is kept. Under a time limit the whole search gets half of it and the group
 plans share 40 %. Not tried on one site (no hop dearer than ``decompose.TIGHT`` x the
@@ -48,7 +49,9 @@ from skippipe.planfile import Plan
 from skippipe.planner.problem import Problem
 from skippipe.planner.routing import decompose
 from skippipe.planner.routing.budget import PLANNING_SHARE, default_budget, planning_target_s
-from skippipe.planner.routing.schedule import plan_skippipe, quickest
+from skippipe.planner.routing.candidates import stage_orders
+from skippipe.planner.routing.lookahead import lookahead_routes, lookahead_work
+from skippipe.planner.routing.schedule import build_plan, plan_skippipe, quickest
 from skippipe.planner.routing.workers import DEFAULT_WORKERS, GroupPlanner
 from skippipe.sim import simulate
 
@@ -81,6 +84,10 @@ SITE_MATES = 7
 # it). Measured on the 2-core machine, the mean over the groups of six clusters of 250-1,000
 # nodes: 0.14-0.25 ms (0.36 ms the most of one group)
 GROUP_PLAN_S = 0.25e-3
+# the seconds of the look-ahead on a group (``looked_ahead``) per unit of its estimated work
+# (``lookahead.lookahead_work``): 2.4-2.6 s measured against 1.8-2.6 s estimated on groups of 18
+# and 21 nodes, 13.1 s against 13.5 s on a whole 30-node cluster (2-core machine, 2026-11-30)
+LOOKAHEAD_S_PER_WORK = 2e-6
 
 
 def whole_budget(problem: Problem) -> int | None:
@@ -179,6 +186,9 @@ def grouped_plan(
         parts = list(zip(groups, plan_groups(subs)))
     except UserError:  # a group the caps or the path rules cannot serve: the whole plan stands
         return None
+    if time_limit_s is None and room_s is None and not problem.even_compute:  # up to DECOMPOSE_NODES nodes
+        parts = looked_ahead(subs, parts, seed,
+                             PLANNING_SHARE * planning_target_s(problem.n) - grouped_wall_estimate(problem, groups))
     meta = {"candidate": CANDIDATE, "groups": [len(g) for g in groups], "group_data_nodes": [row[0] for row in rows]}
     plan = decompose.merge(problem, parts, seed, meta)
     result = simulate(plan, record=False, bound=False)
@@ -219,3 +229,28 @@ def plan_whole_or_grouped(
     other = whole if plan is split else split  # what the other candidate reached, for the record
     plan.meta["whole_makespan_s" if plan is split else "grouped_makespan_s"] = round(float(other.predicted_makespan_s), 6)
     return plan
+
+
+def looked_ahead(
+    subs: list[Problem], parts: list[tuple[list[int], Plan]], seed: int, room_s: float
+) -> list[tuple[list[int], Plan]]:
+    """``parts`` with the slowest group's plan replaced by the look-ahead timetable on its
+    allocation (``routing.lookahead``) where that is quicker, then the next slowest, while the
+    slowest has not been tried and its estimated seconds (``LOOKAHEAD_S_PER_WORK`` x
+    ``lookahead_work``, a count) fit in ``room_s``."""
+    parts, tried = list(parts), set()
+    while True:
+        i = max(range(len(parts)), key=lambda k: float(parts[k][1].predicted_makespan_s or 0.0))
+        sub, (nodes, plan) = subs[i], parts[i]
+        seqs = stage_orders(sub, plan.stages)
+        cost = LOOKAHEAD_S_PER_WORK * lookahead_work(sub, plan.stages, seqs)
+        if i in tried or cost > room_s:
+            return parts
+        tried.add(i)
+        room_s -= cost
+        got = lookahead_routes(sub, plan.stages, sub.load_caps(plan.stages), seqs)
+        if got is None:
+            continue
+        ahead = build_plan(sub, plan.stages, got.routes, "skippipe", seed, got.orders, {**plan.meta, "lookahead": True})
+        if ahead.predicted_makespan_s < plan.predicted_makespan_s:
+            parts[i] = (nodes, ahead)

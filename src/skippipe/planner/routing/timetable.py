@@ -24,16 +24,17 @@ simulated makespan is at most the reserved one; a test checks it.
 
 from __future__ import annotations
 
-import bisect
+import dataclasses
 import heapq
 import math
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 from skippipe.planner.problem import Problem
 from skippipe.planner.routing.evaluate import Route
+from skippipe.planner.routing.timeline import Timeline
 
 # paths reserved in full per microbatch (ranked by their forward finish and static backward)
 TRIED = 6
@@ -52,76 +53,6 @@ class Timetable:
     routes: list[Route]  # microbatch id = index; a data node injects its lower ids first
     orders: Orders  # every node's processing order (its reservations in time order)
     makespan: float  # the last reserved backward's end: the simulated makespan is at most this
-
-
-@dataclass
-class Timeline:
-    """One node's reserved operations: sorted starts, busy-until (end plus the gap after), the
-    operation tokens, and the activation-slot holds ``[forward start, backward start)``, sorted by
-    their starts (a hold covering a time started at most the longest hold before it: with many
-    microbatches a node holds hundreds, and only those few are looked at)."""
-
-    starts: list[float] = field(default_factory=list)
-    busy: list[float] = field(default_factory=list)
-    tokens: list[tuple[str, int]] = field(default_factory=list)
-    holds: list[tuple[float, float]] = field(default_factory=list)
-    longest: float = 0.0  # the longest hold
-
-    def earliest(self, ready: float, dur: float, gap: float) -> float:
-        """Earliest start >= ready of an operation that fits, with its gap, between reservations."""
-        i = bisect.bisect_right(self.starts, ready)
-        t = max(ready, self.busy[i - 1]) if i else ready
-        while i < len(self.starts):
-            if t + dur + gap <= self.starts[i] + 1e-12:
-                return t
-            t = max(t, self.busy[i])
-            i += 1
-        return t
-
-    def earliest_forward(self, ready: float, dur: float, gap: float, slots: int) -> float:
-        """``earliest``, also with one of ``slots`` activation slots free at the start."""
-        t = ready
-        while True:
-            t = self.earliest(t, dur, gap)
-            covering = self._covering(t)
-            if len(covering) < max(1, slots):
-                return t
-            t = min(covering)
-
-    def hold_fits(self, start: float, end: float, slots: int) -> bool:
-        """Whether a hold ``[start, end)`` keeps every forward on the node within ``slots``."""
-        return all(1 + len(self._covering(p)) <= slots for p in (start, *(a for a, _ in self._inside(start, end))))
-
-    def overlapping_ends(self, start: float, end: float) -> list[float]:
-        """The ends of the holds that overlap ``[start, end)``: those covering ``start`` and those
-        starting inside."""
-        return self._covering(start) + [b for _, b in self._inside(start, end)]
-
-    def _inside(self, start: float, end: float) -> list[tuple[float, float]]:
-        """The holds that start strictly between ``start`` and ``end``."""
-        return self.holds[bisect.bisect_right(self.holds, (start, math.inf)):bisect.bisect_left(self.holds, (end, -math.inf))]
-
-    def hold(self, start: float, end: float) -> None:
-        """Record an activation-slot hold ``[start, end)``."""
-        bisect.insort(self.holds, (start, end))
-        self.longest = max(self.longest, end - start)
-
-    def _covering(self, t: float) -> list[float]:
-        """The ends of the holds that cover ``t`` (start <= t < end), in no particular order."""
-        ends = []
-        j = bisect.bisect_right(self.holds, (t, math.inf))  # the holds that start by t come before j
-        low = t - self.longest - 1e-9 * max(1.0, abs(t))  # a hold starting before it ended by t
-        while j > 0 and self.holds[j - 1][0] >= low:
-            j -= 1
-            if t < self.holds[j][1]:
-                ends.append(self.holds[j][1])
-        return ends
-
-    def reserve(self, start: float, dur: float, gap: float, token: tuple[str, int]) -> None:
-        i = bisect.bisect_right(self.starts, start)
-        self.starts.insert(i, start)
-        self.busy.insert(i, start + dur + gap)
-        self.tokens.insert(i, token)
 
 
 @dataclass
@@ -251,50 +182,110 @@ def timetable_routes(
     None when some microbatch finds no path.
     ``work[0]`` grows by the operations placed and the path cells looked at (a measure of the
     time taken that does not depend on the machine)."""
-    work = work if work is not None else [0]
-    cm = problem.cost_model
-    c = _Costs(np.asarray(problem.forward_s, dtype=float), np.asarray(problem.transfer_s, dtype=float),
-               [int(x) for x in problem.memory], cm.backward_factor, cm.loss_factor, cm.inject_gap_s, cm.op_gap_s)
-    m = problem.workload.microbatches_per_data_node
-    data = [int(d) for d in stages[0]]
-    lines = [Timeline() for _ in range(problem.n)]
-    room = list(caps)
-    stage_of = {x: k for k, st in enumerate(stages) for x in st}
-    left = {d: m for d in data}
-    queue: list[tuple[float, int, int]] = []  # (ready, tie, data node): round robin over the data nodes
-    for k, d in enumerate(data):
-        for j in range(max(1, min(c.memory[d], m))):
-            heapq.heappush(queue, (0.0, j * len(data) + k, d))
-    done: list[tuple[int, tuple[int, ...], float, list[Op]]] = []
-    while queue:
-        ready, _, d = heapq.heappop(queue)
-        if left[d] <= 0:
-            continue
-        left[d] -= 1
-        t0 = lines[d].earliest(ready, c.forward[d], c.inject_gap)
-        still = sum(left.values())
-        due = (len(done) + 1) / (len(done) + 1 + still) if paced else None  # share of the microbatches routed
-        best = _route(lines, c, d, t0, seqs, stages, room, caps, stage_of, still, due, rng, noise, work)
+    routing = Routing.start(problem, stages, caps, seqs, work if work is not None else [0])
+    while (ready := routing.next()) is not None:
+        d, t0, still = ready
+        routed = len(routing.done)
+        due = (routed + 1) / (routed + 1 + still) if paced else None  # share of the microbatches routed
+        best = routing.route(d, t0, still, due, rng, noise)
         if best is None:
             return None
+        routing.commit(d, t0, best)
+    return routing.timetable()
+
+
+Reserved = tuple[float, tuple[int, ...], list[Op]]  # end of the final backward, path, operations
+
+
+@dataclass
+class Routing:
+    """A timetable routing under way: the nodes' timelines, the TC1 room left, the microbatches
+    still to route (by the time they can start) and those routed. ``copy`` lets a caller try a
+    choice and route on from it (``routing.lookahead``)."""
+
+    c: _Costs
+    m: int
+    data: list[int]
+    stages: list[list[int]]
+    seqs: tuple[tuple[int, ...], ...]
+    caps: list[int]
+    stage_of: dict[int, int]
+    lines: list[Timeline]
+    room: list[int]
+    left: dict[int, int]
+    queue: list[tuple[float, int, int]]  # (ready, tie, data node): round robin over the data nodes
+    done: list[tuple[int, tuple[int, ...], float, list[Op]]]
+    work: list[int]
+
+    @classmethod
+    def start(cls, problem: Problem, stages: list[list[int]], caps: list[int], seqs: tuple[tuple[int, ...], ...],
+              work: list[int]) -> Routing:
+        cm = problem.cost_model
+        c = _Costs(np.asarray(problem.forward_s, dtype=float), np.asarray(problem.transfer_s, dtype=float),
+                   [int(x) for x in problem.memory], cm.backward_factor, cm.loss_factor, cm.inject_gap_s, cm.op_gap_s)
+        m = problem.workload.microbatches_per_data_node
+        data = [int(d) for d in stages[0]]
+        queue: list[tuple[float, int, int]] = []
+        for k, d in enumerate(data):
+            for j in range(max(1, min(c.memory[d], m))):
+                heapq.heappush(queue, (0.0, j * len(data) + k, d))
+        return cls(c, m, data, stages, seqs, caps, {x: k for k, st in enumerate(stages) for x in st},
+                   [Timeline() for _ in range(problem.n)], list(caps), {d: m for d in data}, queue, [], work)
+
+    def copy(self) -> Routing:
+        return dataclasses.replace(self, lines=[line.copy() for line in self.lines], room=list(self.room),
+                                   left=dict(self.left), queue=list(self.queue), done=list(self.done))
+
+    def next(self) -> tuple[int, float, int] | None:
+        """The next microbatch to route: its data node, its injection's earliest start and how
+        many microbatches are left after it; None when all are routed."""
+        while self.queue:
+            ready, _, d = heapq.heappop(self.queue)
+            if self.left[d] > 0:
+                self.left[d] -= 1
+                return d, self.lines[d].earliest(ready, self.c.forward[d], self.c.inject_gap), sum(self.left.values())
+        return None
+
+    def route(self, d: int, t0: float, still: int, due: float | None = None, rng=None, noise: float = 0.0
+              ) -> Reserved | None:
+        """The kept path of this microbatch (``_route``), reserved tentatively; None when none fits."""
+        return _route(self.lines, self.c, d, t0, self.seqs, self.stages, self.room, self.caps, self.stage_of, still,
+                      due, rng, noise, self.work)
+
+    def options(self, d: int, t0: float, still: int) -> list[Reserved]:
+        """The best-ranked ``TRIED`` paths of this microbatch whose slots fit as reserved."""
+        paths = _usable(self.lines, self.c, d, t0, self.seqs, self.stages, self.room, self.room, self.stage_of, still,
+                        self.work)
+        return list(_reserved(self.lines, self.c, d, t0, paths[:TRIED], 1, self.work))
+
+    def commit(self, d: int, t0: float, best: Reserved) -> None:
+        """Reserve ``best`` on the timelines: the microbatch is routed."""
         _, path, ops = best
-        mb = len(done)
+        mb = len(self.done)
         first: dict[int, float] = {}
         for node, start, kind, dur, gap in ops:
-            lines[node].reserve(start, dur, gap, ("F" if kind in "IF" else kind, mb))
+            self.lines[node].reserve(start, dur, gap, ("F" if kind in "IF" else kind, mb))
             if kind in "IF":
                 first[node] = start
             elif kind == "B":
-                lines[node].hold(first[node], start)
+                self.lines[node].hold(first[node], start)
         for x in path:
-            room[x] -= 1
-        done.append((d, path, t0, ops))
-        heapq.heappush(queue, (ops[-1][1], m * len(data) + mb, d))  # the slot frees as the final backward starts
-    order = sorted(range(len(done)), key=lambda i: (data.index(done[i][0]), done[i][2]))
-    new_id = {old: k for k, old in enumerate(order)}
-    routes = [(done[i][0], tuple(int(x) for x in done[i][1])) for i in order]
-    orders = {x: [f"{kind}{new_id[mb]}" for kind, mb in line.tokens] for x, line in enumerate(lines) if line.tokens}
-    return Timetable(routes, orders, max((ops[-1][1] + ops[-1][3] for *_, ops in done), default=0.0))
+            self.room[x] -= 1
+        self.done.append((d, path, t0, ops))
+        heapq.heappush(self.queue, (ops[-1][1], self.m * len(self.data) + mb, d))  # the slot frees as the final backward starts
+
+    @property
+    def makespan(self) -> float:
+        """The last reserved backward's end so far."""
+        return max((ops[-1][1] + ops[-1][3] for *_, ops in self.done), default=0.0)
+
+    def timetable(self) -> Timetable:
+        done, data = self.done, self.data
+        order = sorted(range(len(done)), key=lambda i: (data.index(done[i][0]), done[i][2]))
+        new_id = {old: k for k, old in enumerate(order)}
+        routes = [(done[i][0], tuple(int(x) for x in done[i][1])) for i in order]
+        orders = {x: [f"{kind}{new_id[mb]}" for kind, mb in line.tokens] for x, line in enumerate(self.lines) if line.tokens}
+        return Timetable(routes, orders, self.makespan)
 
 
 def estimated_work(problem: Problem, stages: list[list[int]], seqs: tuple[tuple[int, ...], ...]) -> int:
@@ -318,23 +309,27 @@ def _route(lines, c: _Costs, d: int, t0: float, seqs, stages, room: list[int], c
     """The kept path of a microbatch of ``d`` injected at ``t0`` (``_choose``), ``still``
     microbatches left to route after it; None when no path fits. With ``due`` (paced: the share
     of the microbatches routed once this one is) a node first takes at most that share of its cap."""
-    stage_room = [sum(max(0, room[x]) for x in st) for st in stages]
-
-    def ranked(usable: list[int]) -> list[tuple[int, ...]]:
-        found = _ranked_paths(lines, c, d, t0 + c.forward[d], seqs, stages, usable, work)
-        return [p for _, p in found if _keeps_room(p, stage_room, stage_of, still)]
-
     if due is not None:  # first within the visits due by now
         usable = [min(r, math.ceil(cap * due) - (cap - r)) for r, cap in zip(room, caps)]
-        best = _choose(lines, c, d, t0, ranked(usable)[:TRIED], 1, rng, noise, work)
+        best = _choose(lines, c, d, t0, _usable(lines, c, d, t0, seqs, stages, usable, room, stage_of, still, work)[:TRIED],
+                       1, rng, noise, work)
         if best is not None:
             return best
     # the best few paths whose slots fit as reserved, else any such path, else forwards that
     # wait for a slot
-    paths = ranked(room)
+    paths = _usable(lines, c, d, t0, seqs, stages, room, room, stage_of, still, work)
     return (_choose(lines, c, d, t0, paths[:TRIED], 1, rng, noise, work)
             or _choose(lines, c, d, t0, paths[TRIED:], 1, None, 0.0, work)
             or _choose(lines, c, d, t0, paths, SLOT_RETRIES, None, 0.0, work))
+
+
+def _usable(lines, c: _Costs, d: int, t0: float, seqs, stages, usable: list[int], room: list[int],
+            stage_of: dict[int, int], still: int, work: list[int]) -> list[tuple[int, ...]]:
+    """The paths of ``_ranked_paths`` over the nodes with ``usable`` room, best first, that keep
+    of the ``room`` left what the other microbatches need (``_keeps_room``)."""
+    stage_room = [sum(max(0, room[x]) for x in st) for st in stages]
+    found = _ranked_paths(lines, c, d, t0 + c.forward[d], seqs, stages, usable, work)
+    return [p for _, p in found if _keeps_room(p, stage_room, stage_of, still)]
 
 
 def _keeps_room(path: tuple[int, ...], stage_room: list[int], stage_of: dict[int, int], still: int) -> bool:
@@ -349,11 +344,16 @@ def _keeps_room(path: tuple[int, ...], stage_room: list[int], stage_of: dict[int
 def _choose(lines, c: _Costs, d: int, t0: float, paths: list[tuple[int, ...]], tries: int, rng, noise: float, work):
     """The path whose final backward ends first (perturbed by ``noise``), reserved tentatively."""
     best, best_key = None, float("inf")
-    for path in paths:
-        got = _reserve(lines, c, d, path, t0, tries, work)
-        if got is None:
-            continue
+    for got in _reserved(lines, c, d, t0, paths, tries, work):
         key = got[0] * (1.0 + rng.random() * noise) if rng is not None else got[0]
         if key < best_key:
-            best, best_key = (got[0], path, got[1]), key
+            best, best_key = got, key
     return best
+
+
+def _reserved(lines, c: _Costs, d: int, t0: float, paths: list[tuple[int, ...]], tries: int, work):
+    """Each of ``paths`` whose microbatch fits within ``tries`` placements, reserved tentatively."""
+    for path in paths:
+        got = _reserve(lines, c, d, path, t0, tries, work)
+        if got is not None:
+            yield got[0], path, got[1]
