@@ -161,14 +161,10 @@ class Workload(PipelineShape):
         most = n_nodes - (s - 1)
         data = min(max(1, round(n_nodes / self.path_length)), most)
         nearest = sorted(range(1, most + 1), key=lambda d: (abs(d - data), d))
-        checks = [PATH_RULE_CHECKS]
-
-        def carried(sizes: list[int]) -> bool:  # the path rules' check while its count lasts
-            checks[0] -= 1
-            return self._carried(sizes, ranked, carries if checks[0] >= 0 else None)
-
-        return next((sizes for d in nearest for sizes in itertools.islice(_splits(n_nodes, s, d), SPLITS_PER_D)
-                     if carried(sizes)), _split(n_nodes, s, data))
+        tried = (sizes for d in nearest for sizes in itertools.islice(_splits(n_nodes, s, d), SPLITS_PER_D))
+        return next((sizes for k, sizes in enumerate(tried)  # the path rules asked about the first ones only
+                     if self._carried(sizes, ranked, carries if k < PATH_RULE_CHECKS else None)),
+                    _split(n_nodes, s, data))
 
     def _carried(self, sizes: list[int], ranked_speeds: list[float], carries: StageCapsCarry | None = None) -> bool:
         """Whether stages of these sizes can take the D*m*(L-1) visits under the TC1 caps (each
