@@ -15,7 +15,7 @@ from skippipe.planner.allocation import allocate
 from skippipe.planner.problem import build_problem
 from skippipe.planner.routing import site_groups
 from skippipe.planner.routing.candidates import stage_orders
-from skippipe.planner.routing.lookahead import lookahead_routes
+from skippipe.planner.routing.lookahead import lookahead_routes, lookahead_work
 from skippipe.planner.routing.schedule import build_plan, plan_skippipe
 from skippipe.planner.routing.timetable import timetable_routes
 from skippipe.sim import simulate
@@ -67,3 +67,29 @@ def test_the_slowest_group_takes_the_lookahead_only_when_quicker_and_affordable(
     assert ahead.predicted_makespan_s < plan.predicted_makespan_s - 1e-6  # 85.52 -> 83.84 s here
     assert ahead.meta["lookahead"] and plan_violations(ahead) == []
     assert simulate(ahead).makespan_s == ahead.predicted_makespan_s
+
+
+def test_a_work_limit_stops_the_lookahead_with_the_best_routing_completed_so_far():
+    problem = _uneven_problem()
+    stages = allocate(problem, seed=0)
+    caps, seqs = problem.load_caps(stages), stage_orders(problem, stages)
+    greedy = timetable_routes(problem, stages, caps, seqs)
+    full_work, cut_work = [0], [0]
+    full = lookahead_routes(problem, stages, caps, seqs, full_work)
+    none = lookahead_routes(problem, stages, caps, seqs, [0], limit=0)
+    assert none.routes == greedy.routes and none.makespan == greedy.makespan  # nothing looked ahead
+    cut = lookahead_routes(problem, stages, caps, seqs, cut_work, limit=full_work[0] // 3)
+    assert full_work[0] // 3 < cut_work[0] < full_work[0]  # stopped within one completion of the limit
+    assert full.makespan <= cut.makespan <= greedy.makespan
+    plan = build_plan(problem, stages, cut.routes, "skippipe", 0, cut.orders)
+    assert plan_violations(plan) == [] and simulate(plan).makespan_s <= cut.makespan + 1e-9
+
+
+def test_the_lookahead_work_estimate_follows_what_it_counts():
+    # the estimate decides whether a look-ahead starts; the count, where it stops
+    problem = _uneven_problem()
+    stages = allocate(problem, seed=0)
+    caps, seqs = problem.load_caps(stages), stage_orders(problem, stages)
+    work = [0]
+    lookahead_routes(problem, stages, caps, seqs, work)
+    assert 0.5 < work[0] / lookahead_work(problem, stages, seqs) < 2.0

@@ -84,10 +84,15 @@ SITE_MATES = 7
 # it). Measured on the 2-core machine, the mean over the groups of six clusters of 250-1,000
 # nodes: 0.14-0.25 ms (0.36 ms the most of one group)
 GROUP_PLAN_S = 0.25e-3
-# the seconds of the look-ahead on a group (``looked_ahead``) per unit of its estimated work
-# (``lookahead.lookahead_work``): 2.4-2.6 s measured against 1.8-2.6 s estimated on groups of 18
-# and 21 nodes, 13.1 s against 13.5 s on a whole 30-node cluster (2-core machine, 2026-11-30)
-LOOKAHEAD_S_PER_WORK = 2e-6
+# the seconds of the look-ahead on a group (``looked_ahead``) per unit of the work it counts
+# (see ``lookahead.ROUTE_WORK``), measured on the 2-core machine (2026-11-30)
+LOOKAHEAD_S_PER_WORK = 3e-6
+# the look-ahead's share of the planning-time target at most, whatever room the groups' own
+# estimate leaves: up to 200 nodes the groups are planned beside the whole search with the
+# start of a small cluster, for longer than ``grouped_wall_estimate`` counts (fuzz case 568, 37
+# nodes: 5.8 s without the look-ahead, 10.0 s with it on a group of 16 nodes and 119
+# microbatches, whose plan did not change, when it was estimated alone)
+LOOKAHEAD_SHARE = 0.3
 
 
 def whole_budget(problem: Problem) -> int | None:
@@ -187,8 +192,9 @@ def grouped_plan(
     except UserError:  # a group the caps or the path rules cannot serve: the whole plan stands
         return None
     if time_limit_s is None and room_s is None and not problem.even_compute:  # up to DECOMPOSE_NODES nodes
-        parts = looked_ahead(subs, parts, seed,
-                             PLANNING_SHARE * planning_target_s(problem.n) - grouped_wall_estimate(problem, groups))
+        target = planning_target_s(problem.n)
+        parts = looked_ahead(subs, parts, seed, min(LOOKAHEAD_SHARE * target,
+                                                    PLANNING_SHARE * target - grouped_wall_estimate(problem, groups)))
     meta = {"candidate": CANDIDATE, "groups": [len(g) for g in groups], "group_data_nodes": [row[0] for row in rows]}
     plan = decompose.merge(problem, parts, seed, meta)
     result = simulate(plan, record=False, bound=False)
@@ -237,18 +243,21 @@ def looked_ahead(
     """``parts`` with the slowest group's plan replaced by the look-ahead timetable on its
     allocation (``routing.lookahead``) where that is quicker, then the next slowest, while the
     slowest has not been tried and its estimated seconds (``LOOKAHEAD_S_PER_WORK`` x
-    ``lookahead_work``, a count) fit in ``room_s``."""
+    ``lookahead_work``) fit in ``room_s``. Each look-ahead also stops where the work it counts
+    would pass the room left, keeping the quickest routing it completed, and what it counted is
+    taken from the room: counts, so the same on every machine."""
     parts, tried = list(parts), set()
     while True:
         i = max(range(len(parts)), key=lambda k: float(parts[k][1].predicted_makespan_s or 0.0))
         sub, (nodes, plan) = subs[i], parts[i]
         seqs = stage_orders(sub, plan.stages)
-        cost = LOOKAHEAD_S_PER_WORK * lookahead_work(sub, plan.stages, seqs)
-        if i in tried or cost > room_s:
+        if i in tried or LOOKAHEAD_S_PER_WORK * lookahead_work(sub, plan.stages, seqs) > room_s:
             return parts
         tried.add(i)
-        room_s -= cost
-        got = lookahead_routes(sub, plan.stages, sub.load_caps(plan.stages), seqs)
+        work = [0]
+        got = lookahead_routes(sub, plan.stages, sub.load_caps(plan.stages), seqs, work,
+                               limit=int(room_s / LOOKAHEAD_S_PER_WORK))
+        room_s -= LOOKAHEAD_S_PER_WORK * work[0]
         if got is None:
             continue
         ahead = build_plan(sub, plan.stages, got.routes, "skippipe", seed, got.orders, {**plan.meta, "lookahead": True})
