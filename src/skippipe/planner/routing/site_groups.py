@@ -87,11 +87,11 @@ GROUP_PLAN_S = 0.25e-3
 # the seconds of the look-ahead on a group (``looked_ahead``) per unit of the work it counts
 # (see ``lookahead.ROUTE_WORK``), measured on the 2-core machine (2026-11-30)
 LOOKAHEAD_S_PER_WORK = 3e-6
-# the look-ahead's share of the planning-time target at most, whatever room the groups' own
-# estimate leaves: up to 200 nodes the groups are planned beside the whole search with the
-# start of a small cluster, for longer than ``grouped_wall_estimate`` counts (fuzz case 568, 37
-# nodes: 5.8 s without the look-ahead, 10.0 s with it on a group of 16 nodes and 119
-# microbatches, whose plan did not change, when it was estimated alone)
+# below ``HALF_BUDGET_NODES`` nodes, the look-ahead's share of the planning-time target at most,
+# whatever room the groups' own estimate leaves: there the whole search beside the groups has
+# its full budget, and the groups, planned with the start of a small cluster, take longer than
+# ``grouped_wall_estimate`` counts (fuzz case 568, 37 nodes: 5.8 s without the look-ahead, 10.0 s
+# with it on a group of 16 nodes and 119 microbatches, whose plan was not kept)
 LOOKAHEAD_SHARE = 0.3
 
 
@@ -193,8 +193,8 @@ def grouped_plan(
         return None
     if time_limit_s is None and room_s is None and not problem.even_compute:  # up to DECOMPOSE_NODES nodes
         target = planning_target_s(problem.n)
-        parts = looked_ahead(subs, parts, seed, min(LOOKAHEAD_SHARE * target,
-                                                    PLANNING_SHARE * target - grouped_wall_estimate(problem, groups)))
+        room = PLANNING_SHARE * target - grouped_wall_estimate(problem, groups)
+        parts = looked_ahead(subs, parts, seed, room if problem.n >= HALF_BUDGET_NODES else min(room, LOOKAHEAD_SHARE * target))
     meta = {"candidate": CANDIDATE, "groups": [len(g) for g in groups], "group_data_nodes": [row[0] for row in rows]}
     plan = decompose.merge(problem, parts, seed, meta)
     result = simulate(plan, record=False, bound=False)
