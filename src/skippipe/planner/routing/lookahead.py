@@ -11,7 +11,7 @@ completion stops early once a microbatch ends after the best completion so far.
 It costs about ``TRIED`` x m / 2 greedy timetables for m microbatches (``lookahead_work``), so
 the planner spends it only where it was measured to pay: the slowest group of a cluster planned
 in groups of sites with uneven compute, up to 200 nodes (``site_groups.looked_ahead``), within
-a share of the planning-time target. Its work is counted (the timetable's units, and
+the planning-time target (below 48 nodes, a share of it). Its work is counted (the timetable's units, and
 ``ROUTE_WORK`` for each microbatch routed, whose own overhead the units leave out); given a
 ``limit``, it stops there and returns the quickest completed routing seen so far. Measured on
 the 2-core machine (2026-11-30): on the slowest group of the suite's 100-node cluster with

@@ -84,8 +84,8 @@ SITE_MATES = 7
 # it). Measured on the 2-core machine, the mean over the groups of six clusters of 250-1,000
 # nodes: 0.14-0.25 ms (0.36 ms the most of one group)
 GROUP_PLAN_S = 0.25e-3
-# the seconds of the look-ahead on a group (``looked_ahead``) per unit of the work it counts
-# (see ``lookahead.ROUTE_WORK``), measured on the 2-core machine (2026-11-30)
+# the seconds of the look-ahead on a group (``looked_ahead``) per unit of the work it counts:
+# 2.7e-6 s fitted on the 2-core machine (2026-11-30, see ``lookahead.ROUTE_WORK``), rounded up
 LOOKAHEAD_S_PER_WORK = 3e-6
 # below ``HALF_BUDGET_NODES`` nodes, the look-ahead's share of the planning-time target at most,
 # whatever room the groups' own estimate leaves: there the whole search beside the groups has
