@@ -249,9 +249,11 @@ def looked_ahead(
     parts, tried = list(parts), set()
     while True:
         i = max(range(len(parts)), key=lambda k: float(parts[k][1].predicted_makespan_s or 0.0))
+        if i in tried:
+            return parts
         sub, (nodes, plan) = subs[i], parts[i]
         seqs = stage_orders(sub, plan.stages)
-        if i in tried or LOOKAHEAD_S_PER_WORK * lookahead_work(sub, plan.stages, seqs) > room_s:
+        if LOOKAHEAD_S_PER_WORK * lookahead_work(sub, plan.stages, seqs) > room_s:
             return parts
         tried.add(i)
         work = [0]
