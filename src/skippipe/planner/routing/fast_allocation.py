@@ -1,6 +1,6 @@
 """Stages that route over fast links alone, chosen by one integer programme per data-node set.
 
-The exchanges of ``slow_links.slow_link_allocation`` move two nodes at a time and stop where
+The exchanges of ``slow_link_search.slow_link_allocation`` move two nodes at a time and stop where
 no single exchange lowers the relaxed routing cost. Where every path visits nearly every stage
 (L close to S) and half the links are broken, that can be far from an allocation that needs
 no slow link at all: a generated 11-node cluster (S = L = 5, one slot a node) kept five

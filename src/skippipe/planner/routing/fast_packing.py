@@ -30,7 +30,7 @@ from skippipe.planner.problem import Problem
 from skippipe.planner.routing.exchange import slot_estimate
 from skippipe.planner.routing.order_graph import order_graph
 from skippipe.planner.routing.sequences import RouteCosts
-from skippipe.planner.routing.slow_links import exchanged_stages
+from skippipe.planner.routing.slow_link_search import exchanged_stages
 
 # microbatch routings one search may spend (sweep case 4150, 10 microbatches: 2,000 allocations, 1.1 s)
 PACK_WORK = 20_000

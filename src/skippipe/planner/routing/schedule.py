@@ -30,8 +30,8 @@ adds candidates built for the timeline:
    while the simulated balanced routing improves (``routing.data_nodes``; above 32 nodes a
    shortlist of partners, its routings charged to the search budget);
 6. slow links (only when the best start so far crosses a link that only trickles,
-   ``routing.slow_links``): an allocation searched so that the TC1 caps can be kept over fast
-   links alone, with the cheapest integer routing on it;
+   ``routing.slow_link_search``): an allocation searched so that the TC1 caps can be kept over
+   fast links alone, with the cheapest integer routing on it;
 7. packed fast links (only where some links only trickle, the cluster fixes no allocation and
    for the user's seed's start, ``routing.fast_packing``; after 6, which it leaves as it was):
    from the allocation, an allocation searched by how well every microbatch's path packs over
@@ -41,8 +41,8 @@ adds candidates built for the timeline:
    candidates, every operation reserved on its node's timeline as the paths are chosen, so the
    paths come with processing orders that the simulator follows (unpaced and paced; up to 32
    nodes on two allocations and three more runs with a perturbed path choice, above that on
-   one allocation where compute is uneven; its work beyond a free allowance charged to the
-   budget). Its paths are not searched apart from its orders; when it leads after the first
+   one allocation where compute is uneven; the packed allocation of 7 too; its work beyond a
+   free allowance charged to the budget). Its paths are not searched apart from its orders; when it leads after the first
    search phase its orders get a share of the rest of the budget (``TIMED_ORDERS``) before
    the second phase of the others;
 9. chains kept with their orders (``routing.ordered``): the private-chain and group
@@ -98,7 +98,7 @@ from skippipe.planner.routing.evaluate import Evaluator, Route
 from skippipe.planner.routing.joint_groups import group_allocation
 from skippipe.planner.routing.ordered import improve_orders, ordered_chains
 from skippipe.planner.routing.search import RouteSearch, SearchLimits
-from skippipe.planner.routing.slow_links import SwapWork
+from skippipe.planner.routing.slow_link_search import SwapWork
 from skippipe.planner.routing.static import chain_candidate, routes_on_chains, static_routes
 from skippipe.sim import simulate
 

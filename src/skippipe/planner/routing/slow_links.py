@@ -15,13 +15,7 @@ node takes at most its cap of visits in all. The programme of an allocation diff
 of another with the same stage sizes only in which node sits where, so it is built once, in
 positions (``_shape``), and renamed.
 
-``slow_link_allocation``: from an allocation whose cheapest routing uses a slow link, exchange
-the stages of two nodes (first those with a node at the end of a slow link in use) while the
-linear relaxation of that routing gets cheaper (data nodes' own compute included), until no
-slow link is in use, no exchange helps, or ``SWAP_WORK`` is spent. The integer routing of the result is the
-candidate's start; the local search of ``plan_skippipe`` goes on from there. Above
-``integer_arcs`` arcs no integer programme is solved: the result is kept only where its
-relaxation is integral, which makes that an optimal integer routing. Deterministic.
+``slow_link_search.slow_link_allocation`` searches the allocations with these programmes.
 """
 
 from __future__ import annotations
@@ -47,12 +41,6 @@ MAX_ARCS = 10_000
 # 5,634 arcs, the suite's 30-node cluster with S = 8, L = 5, where the relaxation takes 0.1 s;
 # 1.3-1.8 s at 8,080 arcs). Above it the routing is kept only where the relaxation is integral
 DEALING_MAX_ARCS = 4_000
-# the allocation search solves at most this many arcs' worth of relaxations (relaxations x arcs
-# per relaxation; sweep case 27, 24 nodes, needed 73 relaxations). Each search has its own: with
-# 4 s of estimated CPU for all the searches of a start together, two generated 13-node clusters
-# with half their links broken and S = 9 planned at 2,997 s instead of 136 s and 735 s instead
-# of 101 s (their searches need 11-39 relaxations to leave the slow links)
-SWAP_WORK = 200_000
 # the CPU of one relaxation: RELAX_BASE_S + RELAX_CELL_S x arcs x rows, measured on the 2-core
 # machine on twelve programmes of 346-6,071 arcs (4.5 to 69 ms, within 20 %); an integer
 # routing about INTEGER_FACTOR x that (2.0-2.5 x measured, once 8.8 x)
@@ -109,6 +97,7 @@ class Routing:
     cost: float  # seconds of static round trips (hops both ways, compute of the visits)
     paths: dict[int, list[tuple[int, ...]]] | None  # per data node (integer routings; integral relaxations read)
     slow_nodes: set[int]  # nodes at either end of a slow link the routing uses
+    flow: np.ndarray | None = None  # the relaxation's flow per arc, by position (None: integer routings)
 
 
 def min_cost_routing(
@@ -142,7 +131,7 @@ def min_cost_routing(
     ends = {int(x) for x in np.concatenate([arcs.tail[hops], arcs.head[hops]])}
     whole = integral or (read_integral and bool(np.all(np.abs(res.x - rounded) <= INTEGRAL_TOL)))
     paths = _decompose(arcs, rounded.astype(int), stages[0]) if whole else None
-    return Routing(float(cost @ flow), paths, ends)
+    return Routing(float(cost @ flow), paths, ends, None if integral else res.x)
 
 
 def arc_count(stages: list[list[int]], seqs: tuple[tuple[int, ...], ...]) -> int:
@@ -274,76 +263,15 @@ def _decompose(arcs: _Arcs, flow: np.ndarray, data_nodes: list[int]) -> dict[int
     return paths
 
 
-@dataclass
-class SwapWork:
-    """The estimated CPU seconds (``programme_s``) of the programmes that the allocation
-    searches of one start solved: ``budget.allocation_starts`` expects as much of each start."""
-
-    spent_s: float = 0.0
+def programme_shape(problem: Problem, stages: list[list[int]], seqs: tuple[tuple[int, ...], ...]) -> _Shape:
+    """The flow programme of ``stages``, in positions (``_Shape``; cached per stage sizes)."""
+    return _shape(problem.n, tuple(len(s) for s in stages), seqs, problem.workload.microbatches_per_data_node)
 
 
 def programme_s(stages: list[list[int]], seqs: tuple[tuple[int, ...], ...]) -> float:
     """The estimated CPU of one relaxation of ``min_cost_routing`` (see ``RELAX_CELL_S``)."""
     arcs, rows = programme_size(stages, seqs)
     return RELAX_BASE_S + RELAX_CELL_S * arcs * rows
-
-
-def exchanged_stages(stages: list[list[int]], a: int, b: int, where: dict[int, int]) -> list[list[int]]:
-    """``stages`` with nodes ``a`` and ``b`` in each other's places (``where``: node -> its stage)."""
-    out = [list(s) for s in stages]
-    out[where[a]][out[where[a]].index(a)] = b
-    out[where[b]][out[where[b]].index(b)] = a
-    return out
-
-
-def slow_link_allocation(
-    problem: Problem, stages: list[list[int]], seqs: tuple[tuple[int, ...], ...], slow: np.ndarray,
-    work: SwapWork | None = None, integer_arcs: int = MAX_ARCS,
-) -> tuple[list[list[int]], dict[int, list[tuple[int, ...]]]] | None:
-    """An allocation and an integer routing that use fewer of the ``slow`` links than ``stages``
-    (see the module text); with a fixed allocation only the routing. None when nothing is won,
-    or above ``integer_arcs`` arcs when the relaxation of the result is not integral. The
-    programmes' estimated CPU is added to ``work``."""
-    work = SwapWork() if work is None else work
-    arcs = arc_count(stages, seqs)  # of every programme below: the exchanges keep the stage sizes
-    if arcs > MAX_ARCS:
-        return None  # no programme is built
-    own = RouteCosts.from_problem(problem).own * problem.workload.microbatches_per_data_node
-
-    def relaxed(st: list[list[int]]) -> tuple[float, set[int], Routing | None]:
-        found = min_cost_routing(problem, st, seqs, slow, integral=False, read_integral=arcs > integer_arcs)
-        if found is None:
-            return np.inf, set(), None
-        return found.cost + float(own[st[0]].sum()), found.slow_nodes, found
-
-    best = [list(map(int, s)) for s in stages]
-    value, ends, loose = relaxed(best)
-    evaluations = 1
-    most = max(1, SWAP_WORK // max(1, arcs))
-    while problem.fixed_stages is None and ends and evaluations < most:
-        where = {v: k for k, s in enumerate(best) for v in s}
-        # first the exchanges that move a node at the end of a slow link, then the others
-        firsts = sorted(ends) + [a for a in range(problem.n) if a not in ends]
-        moves = ((a, b) for i, a in enumerate(firsts) for b in firsts[i + 1:] if where[a] != where[b])
-        for a, b in moves:
-            if evaluations >= most:
-                break
-            cand = exchanged_stages(best, a, b, where)
-            v, e, r = relaxed(cand)
-            evaluations += 1
-            if v < value - 1e-9:
-                best, value, ends, loose = cand, v, e, r
-                break
-        else:
-            break  # no exchange helps
-    if arcs > integer_arcs:  # no integer programme: the relaxation's routing where it is integral
-        work.spent_s += evaluations * programme_s(best, seqs)
-        return None if loose is None or loose.paths is None else (best, loose.paths)
-    work.spent_s += (evaluations + INTEGER_FACTOR) * programme_s(best, seqs)
-    routing = min_cost_routing(problem, best, seqs, slow, integral=True)
-    if routing is None or routing.paths is None:
-        return None
-    return best, routing.paths
 
 
 def uses_slow_link(slow: np.ndarray, routes: list[tuple[int, tuple[int, ...]]]) -> bool:
