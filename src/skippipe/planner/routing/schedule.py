@@ -42,9 +42,9 @@ adds candidates built for the timeline:
    paths come with processing orders that the simulator follows (unpaced and paced; up to 32
    nodes on two allocations and three more runs with a perturbed path choice, above that on
    one allocation where compute is uneven; the packed allocation of 7 too; its work beyond a
-   free allowance charged to the budget). Its paths are not searched apart from its orders; when it leads after the first
-   search phase its orders get a share of the rest of the budget (``TIMED_ORDERS``) before
-   the second phase of the others;
+   free allowance charged to the budget). Its paths are not searched apart from its orders;
+   when it leads after the first search phase its orders get a share of the rest of the
+   budget (``TIMED_ORDERS``) before the second phase of the others;
 9. chains kept with their orders (``routing.ordered``): the private-chain and group
    candidates, where no two data nodes share a node, with their processing orders searched
    before the path search can trade the chains for paths that look better first come, first

@@ -23,6 +23,7 @@ integer routing. Deterministic.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -105,6 +106,15 @@ class RenamedFlow:
         change = float((self._arc_cost(renamed, ids) - self._arc_cost(self.node, ids)) @ self.flow[ids])
         return change + float(self.own[exchanged[0]].sum() - self.own[self.stages[0]].sum())
 
+    def surely_cheaper(self, moves: list[tuple[int, int]], where: dict[int, int]) -> Iterator[list[list[int]]]:
+        """The allocations after those of ``moves`` (exchanges of two nodes, in turn) whose renamed
+        flow fits and saves more than ``SURELY_S``: their relaxations are surely cheaper."""
+        for a, b in moves:
+            cand = exchanged_stages(self.stages, a, b, where)
+            change = self.change(a, b, cand)
+            if change is not None and change < -SURELY_S:
+                yield cand
+
 
 def slow_link_allocation(
     problem: Problem, stages: list[list[int]], seqs: tuple[tuple[int, ...], ...], slow: np.ndarray,
@@ -126,6 +136,19 @@ def slow_link_allocation(
             return np.inf, set(), None
         return found.cost + float(own[st[0]].sum()), found.slow_nodes, found
 
+    def first_cheaper(exchanges: Iterator[list[list[int]]]) -> tuple | None:
+        """The first of ``exchanges`` whose relaxation is cheaper than ``value``, with it (value,
+        slow-link ends, routing); None when none is before the programmes are spent."""
+        nonlocal evaluations
+        for cand in exchanges:
+            if evaluations >= most:
+                return None
+            v, e, r = relaxed(cand)
+            evaluations += 1
+            if v < value - 1e-9:
+                return cand, v, e, r
+        return None
+
     best = [list(map(int, s)) for s in stages]
     value, ends, loose = relaxed(best)
     evaluations = 1
@@ -135,29 +158,12 @@ def slow_link_allocation(
         firsts = sorted(ends) + [a for a in range(problem.n) if a not in ends]
         moves = [(a, b) for i, a in enumerate(firsts) for b in firsts[i + 1:] if where[a] != where[b]]
         surely = None if loose is None or loose.flow is None else RenamedFlow(problem, best, seqs, loose.flow, own)
-        for a, b in moves if surely is not None else ():
-            if evaluations >= most:
-                break
-            cand = exchanged_stages(best, a, b, where)
-            change = surely.change(a, b, cand)
-            if change is not None and change < -SURELY_S:
-                v, e, r = relaxed(cand)
-                evaluations += 1
-                if v < value - 1e-9:  # at most value + change: only a solver's tolerance can say no
-                    best, value, ends, loose = cand, v, e, r
-                    break
-        else:  # nothing surely cheaper: judge each exchange by its relaxation
-            for a, b in moves:
-                if evaluations >= most:
-                    break
-                cand = exchanged_stages(best, a, b, where)
-                v, e, r = relaxed(cand)
-                evaluations += 1
-                if v < value - 1e-9:
-                    best, value, ends, loose = cand, v, e, r
-                    break
-            else:
-                break  # no exchange helps
+        found = None if surely is None else first_cheaper(surely.surely_cheaper(moves, where))
+        if found is None:  # nothing surely cheaper: judge each exchange by its relaxation
+            found = first_cheaper(exchanged_stages(best, a, b, where) for a, b in moves)
+        if found is None:
+            break  # no exchange helps, or the programmes are spent
+        best, value, ends, loose = found
     if arcs > integer_arcs:  # no integer programme: the relaxation's routing where it is integral
         work.spent_s += evaluations * programme_s(best, seqs)
         return None if loose is None or loose.paths is None else (best, loose.paths)
