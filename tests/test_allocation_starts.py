@@ -59,7 +59,8 @@ def test_a_start_that_searched_long_around_slow_links_leaves_room_for_fewer_star
     # 15 nodes round the globe with half the links broken (they only trickle), S = 7, L = 3: each
     # start's searches around the slow links solved about 500 flow programmes (about 6 s), and
     # four starts made planning 23.6 s of CPU against the 10 s target (found by a fuzz run); the
-    # searches now judge most exchanges without a programme, and the first start's are counted
+    # searches now judge most exchanges without a programme (by bounds from above and from
+    # below: the first start's are estimated at about 0.7 s), and the first start's are counted
     cluster = random_global_cluster(15, seed=292, speed=(0.5, 2.0), memory=(1, 4), broken=0.5)
     problem = build_problem(cluster, Workload(num_stages=7, path_length=3, microbatches_per_data_node=6, max_swaps=0))
     sims = budget.default_budget(problem)
@@ -74,5 +75,5 @@ def test_a_start_that_searched_long_around_slow_links_leaves_room_for_fewer_star
 
     monkeypatch.setattr(schedule, "_start", counted)
     make_plan("skippipe", problem, seed=0)
-    assert built[0] > 1.0  # ... but the first start's searches are counted
+    assert built[0] > 0.5  # ... but the first start's searches are counted
     assert len(built) == budget.allocation_starts(problem, sims, built[0]) < budget.allocation_starts(problem, sims)

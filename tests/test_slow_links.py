@@ -19,7 +19,7 @@ from skippipe.planner.routing.candidates import Candidate, remembered_dealings, 
 from skippipe.planner.routing.evaluate import Evaluator
 from skippipe.planner.routing.schedule import build_plan
 from skippipe.planner.routing.sequences import RouteCosts
-from skippipe.planner.routing.slow_link_search import RenamedFlow, exchanged_stages, slow_link_allocation
+from skippipe.planner.routing.slow_link_search import RenamedRelaxation, exchanged_stages, slow_link_allocation
 from skippipe.planner.routing.slow_links import (
     DEALING_MAX_ARCS,
     _shape,
@@ -276,7 +276,7 @@ def test_a_renamed_flow_bounds_the_exchanged_relaxation_from_above(seed, n, stag
     here = min_cost_routing(problem, alloc, seqs, slow, integral=False)
     assume(here is not None)  # no routing within the caps
     value = here.cost + float(own[alloc[0]].sum())
-    renamed = RenamedFlow(problem, alloc, seqs, here.flow, own)
+    renamed = RenamedRelaxation(problem, alloc, seqs, here, own)
     where = {v: k for k, s in enumerate(alloc) for v in s}
     judged = 0
     for a, b in itertools.combinations(range(problem.n), 2):
@@ -291,3 +291,32 @@ def test_a_renamed_flow_bounds_the_exchanged_relaxation_from_above(seed, n, stag
         assert there is not None
         assert there.cost + float(own[exchanged[0]].sum()) <= value + change + 1e-6 * max(1.0, value)
     assume(judged > 0)  # an example where no renamed flow fits proves nothing
+
+
+@settings(max_examples=12, deadline=None)
+@given(seed=st.integers(0, 10_000), n=st.integers(7, 11), stages=st.integers(3, 5), length=st.integers(2, 3),
+       m=st.integers(1, 4), swaps=st.integers(0, 1))
+def test_the_priced_caps_bound_the_exchanged_relaxation_from_below(seed, n, stages, length, m, swaps):
+    # the search solves no programme for an exchange whose bound from the current relaxation's
+    # cap prices leaves no room below it: that bound must hold for every exchange, and be the
+    # relaxation itself where the exchange only renames positions within a stage
+    problem = _problem(n, seed, stages, min(length, stages), m, swaps)
+    alloc = random_allocation(problem, np.random.default_rng(seed))
+    seqs = stage_orders(problem, alloc)
+    slow = slow_link_mask(problem.transfer_s)
+    own = RouteCosts.from_problem(problem).own * m
+    here = min_cost_routing(problem, alloc, seqs, slow, integral=False)
+    assume(here is not None)  # no routing within the caps
+    value = here.cost + float(own[alloc[0]].sum())
+    renamed = RenamedRelaxation(problem, alloc, seqs, here, own)
+    where = {v: k for k, s in enumerate(alloc) for v in s}
+    for a, b in itertools.combinations(range(problem.n), 2):
+        if where[a] == where[b]:  # the same allocation, its positions renamed: the bound is tight
+            assert abs(renamed.least(a, b, alloc) - value) <= 1e-6 * max(1.0, value)
+            continue
+        exchanged = exchanged_stages(alloc, a, b, where)
+        there = min_cost_routing(problem, exchanged, seqs, slow, integral=False)
+        least = renamed.least(a, b, exchanged)
+        if there is None:
+            continue  # no routing within the exchanged caps: any bound holds
+        assert least <= there.cost + float(own[exchanged[0]].sum()) + 1e-6 * max(1.0, value)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
-from scipy.optimize import Bounds, LinearConstraint, milp
+from scipy.optimize import Bounds, LinearConstraint, linprog, milp
 from scipy.sparse import coo_matrix, csr_matrix
 
 from skippipe.planner.problem import Problem
@@ -98,6 +98,8 @@ class Routing:
     paths: dict[int, list[tuple[int, ...]]] | None  # per data node (integer routings; integral relaxations read)
     slow_nodes: set[int]  # nodes at either end of a slow link the routing uses
     flow: np.ndarray | None = None  # the relaxation's flow per arc, by position (None: integer routings)
+    # the relaxation's prices (dual values, >= 0) of the TC1 caps, by position (None: integer routings)
+    cap_prices: np.ndarray | None = None
 
 
 def min_cost_routing(
@@ -118,20 +120,38 @@ def min_cost_routing(
     arcs = shape.arcs_of(node)
     cost = rc.edge[arcs.tail, arcs.head] + np.where(arcs.last, 0.0, rc.node[arcs.head])
     on_slow = np.zeros(count, dtype=bool) if slow is None else slow[arcs.tail, arcs.head]
-    upper = shape.upper.copy()
-    upper[: problem.n] = np.asarray(problem.load_caps(stages), dtype=float)[node]  # the caps, row by position
-    res = milp(c=cost, constraints=LinearConstraint(shape.matrix, shape.lower, upper),
-               integrality=np.full(count, int(integral)),
-               bounds=Bounds(0, np.where(on_slow & fast_only, 0.0, float(m))), options={"time_limit": MILP_SECONDS})
-    if res.x is None or not res.success:
+    caps = np.asarray(problem.load_caps(stages), dtype=float)[node]  # the caps, row by position
+    bound = np.where(on_slow & fast_only, 0.0, float(m))
+    if integral:
+        upper = shape.upper.copy()
+        upper[: problem.n] = caps
+        res = milp(c=cost, constraints=LinearConstraint(shape.matrix, shape.lower, upper),
+                   integrality=np.ones(count), bounds=Bounds(0, bound), options={"time_limit": MILP_SECONDS})
+        x, prices = (res.x if res.success else None), None
+    else:  # the same programme as a linear one, for the caps' prices too
+        x, prices = _relaxation(shape, cost, caps, bound)
+    if x is None:
         return None
-    rounded = np.round(res.x)
-    flow = rounded if integral else res.x
+    rounded = np.round(x)
+    flow = rounded if integral else x
     hops = (flow > 1e-6) & on_slow
-    ends = {int(x) for x in np.concatenate([arcs.tail[hops], arcs.head[hops]])}
-    whole = integral or (read_integral and bool(np.all(np.abs(res.x - rounded) <= INTEGRAL_TOL)))
+    ends = {int(v) for v in np.concatenate([arcs.tail[hops], arcs.head[hops]])}
+    whole = integral or (read_integral and bool(np.all(np.abs(x - rounded) <= INTEGRAL_TOL)))
     paths = _decompose(arcs, rounded.astype(int), stages[0]) if whole else None
-    return Routing(float(cost @ flow), paths, ends, None if integral else res.x)
+    return Routing(float(cost @ flow), paths, ends, None if integral else x, prices)
+
+
+def _relaxation(shape: _Shape, cost: np.ndarray, caps: np.ndarray, bound: np.ndarray
+                ) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """The linear relaxation (HiGHS through ``linprog``, its rows in the order ``milp`` has them):
+    its flow and the caps' prices; (None, None) when it has none."""
+    n = len(caps)
+    res = linprog(cost, A_ub=shape.cap_rows, b_ub=caps, A_eq=shape.flow_rows, b_eq=shape.upper[n:],
+                  bounds=np.column_stack([np.zeros(len(cost)), bound]), method="highs",
+                  options={"time_limit": MILP_SECONDS})
+    if res.status != 0 or res.x is None:
+        return None, None
+    return res.x, np.maximum(0.0, -np.asarray(res.ineqlin.marginals))
 
 
 def arc_count(stages: list[list[int]], seqs: tuple[tuple[int, ...], ...]) -> int:
@@ -164,6 +184,8 @@ class _Shape:
     matrix: csr_matrix
     lower: np.ndarray
     upper: np.ndarray  # the first N rows (the caps, by position) are set per allocation
+    cap_rows: csr_matrix  # the first N rows of ``matrix``
+    flow_rows: csr_matrix  # the others (each data node's total and flow conservation: equalities)
 
     def arcs_of(self, node: np.ndarray) -> _Arcs:
         """The arcs with the positions replaced by ``node[position]``."""
@@ -177,7 +199,7 @@ def _shape(n: int, sizes: tuple[int, ...], seqs: tuple[tuple[int, ...], ...], m:
     positions = [list(range(int(a), int(b))) for a, b in zip(bounds, bounds[1:])]
     arcs, rows, cols, lower, upper = _build(n, positions, seqs, m)
     matrix = coo_matrix((cols[1], (rows, cols[0])), shape=(len(lower), len(arcs.tail))).tocsr()
-    return _Shape(arcs, matrix, lower, upper)
+    return _Shape(arcs, matrix, lower, upper, matrix[:n], matrix[n:])
 
 
 def _build(
