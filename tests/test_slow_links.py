@@ -262,12 +262,36 @@ def test_the_programme_is_built_once_per_stage_sizes_and_renamed():
         assert all(tuple(stage_of[x] for x in p) in seqs for p in paths)
 
 
-@settings(max_examples=12, deadline=None)
-@given(seed=st.integers(0, 10_000), n=st.integers(7, 11), stages=st.integers(3, 5), length=st.integers(2, 3),
-       m=st.integers(1, 4), swaps=st.integers(0, 1))
-def test_a_renamed_flow_bounds_the_exchanged_relaxation_from_above(seed, n, stages, length, m, swaps):
-    # the search judges an exchange without a programme where the current relaxation's flow,
-    # renamed, fits the exchanged allocation's caps: its cost must bound that relaxation
+_RELAXATIONS = dict(seed=st.integers(0, 10_000), n=st.integers(7, 11), stages=st.integers(3, 5),
+                    length=st.integers(2, 3), m=st.integers(1, 4), swaps=st.integers(0, 1))
+
+
+@dataclasses.dataclass
+class _Relaxed:
+    """A random allocation of a broken-link cluster, its relaxation and what judges its exchanges."""
+
+    problem: Problem
+    alloc: list[list[int]]
+    seqs: tuple
+    slow: np.ndarray
+    own: np.ndarray
+    value: float  # the relaxation, the data nodes' own compute included
+    renamed: RenamedRelaxation
+    where: dict[int, int]
+
+    def exchanges(self):
+        """(a, b, the allocation after their exchange) for every two nodes of different stages."""
+        for a, b in itertools.combinations(range(self.problem.n), 2):
+            if self.where[a] != self.where[b]:
+                yield a, b, exchanged_stages(self.alloc, a, b, self.where)
+
+    def relaxed(self, stages: list[list[int]]) -> float | None:
+        """The relaxation of ``stages``, the data nodes' own compute included (None: no routing)."""
+        there = min_cost_routing(self.problem, stages, self.seqs, self.slow, integral=False)
+        return None if there is None else there.cost + float(self.own[stages[0]].sum())
+
+
+def _relaxed(seed: int, n: int, stages: int, length: int, m: int, swaps: int) -> _Relaxed:
     problem = _problem(n, seed, stages, min(length, stages), m, swaps)
     alloc = random_allocation(problem, np.random.default_rng(seed))
     seqs = stage_orders(problem, alloc)
@@ -275,48 +299,41 @@ def test_a_renamed_flow_bounds_the_exchanged_relaxation_from_above(seed, n, stag
     own = RouteCosts.from_problem(problem).own * m
     here = min_cost_routing(problem, alloc, seqs, slow, integral=False)
     assume(here is not None)  # no routing within the caps
-    value = here.cost + float(own[alloc[0]].sum())
-    renamed = RenamedRelaxation(problem, alloc, seqs, here, own)
     where = {v: k for k, s in enumerate(alloc) for v in s}
+    return _Relaxed(problem, alloc, seqs, slow, own, here.cost + float(own[alloc[0]].sum()),
+                    RenamedRelaxation(problem, alloc, seqs, here, own), where)
+
+
+@settings(max_examples=12, deadline=None)
+@given(**_RELAXATIONS)
+def test_a_renamed_flow_bounds_the_exchanged_relaxation_from_above(seed, n, stages, length, m, swaps):
+    # the search judges an exchange without a programme where the current relaxation's flow,
+    # renamed, fits the exchanged allocation's caps: its cost must bound that relaxation
+    case = _relaxed(seed, n, stages, length, m, swaps)
     judged = 0
-    for a, b in itertools.combinations(range(problem.n), 2):
-        if where[a] == where[b]:
-            continue
-        exchanged = exchanged_stages(alloc, a, b, where)
-        change = renamed.change(a, b, exchanged)
+    for a, b, exchanged in case.exchanges():
+        change = case.renamed.change(a, b, exchanged)
         if change is None:
             continue
-        there = min_cost_routing(problem, exchanged, seqs, slow, integral=False)
+        there = case.relaxed(exchanged)
         judged += 1
         assert there is not None
-        assert there.cost + float(own[exchanged[0]].sum()) <= value + change + 1e-6 * max(1.0, value)
+        assert there <= case.value + change + 1e-6 * max(1.0, case.value)
     assume(judged > 0)  # an example where no renamed flow fits proves nothing
 
 
 @settings(max_examples=12, deadline=None)
-@given(seed=st.integers(0, 10_000), n=st.integers(7, 11), stages=st.integers(3, 5), length=st.integers(2, 3),
-       m=st.integers(1, 4), swaps=st.integers(0, 1))
+@given(**_RELAXATIONS)
 def test_the_priced_caps_bound_the_exchanged_relaxation_from_below(seed, n, stages, length, m, swaps):
     # the search solves no programme for an exchange whose bound from the current relaxation's
     # cap prices leaves no room below it: that bound must hold for every exchange, and be the
-    # relaxation itself where the exchange only renames positions within a stage
-    problem = _problem(n, seed, stages, min(length, stages), m, swaps)
-    alloc = random_allocation(problem, np.random.default_rng(seed))
-    seqs = stage_orders(problem, alloc)
-    slow = slow_link_mask(problem.transfer_s)
-    own = RouteCosts.from_problem(problem).own * m
-    here = min_cost_routing(problem, alloc, seqs, slow, integral=False)
-    assume(here is not None)  # no routing within the caps
-    value = here.cost + float(own[alloc[0]].sum())
-    renamed = RenamedRelaxation(problem, alloc, seqs, here, own)
-    where = {v: k for k, s in enumerate(alloc) for v in s}
-    for a, b in itertools.combinations(range(problem.n), 2):
-        if where[a] == where[b]:  # the same allocation, its positions renamed: the bound is tight
-            assert abs(renamed.least(a, b, alloc) - value) <= 1e-6 * max(1.0, value)
-            continue
-        exchanged = exchanged_stages(alloc, a, b, where)
-        there = min_cost_routing(problem, exchanged, seqs, slow, integral=False)
-        least = renamed.least(a, b, exchanged)
-        if there is None:
-            continue  # no routing within the exchanged caps: any bound holds
-        assert least <= there.cost + float(own[exchanged[0]].sum()) + 1e-6 * max(1.0, value)
+    # relaxation itself where two nodes of one stage only exchange their positions
+    case = _relaxed(seed, n, stages, length, m, swaps)
+    for a, b in itertools.combinations(range(case.problem.n), 2):
+        if case.where[a] == case.where[b]:
+            assert abs(case.renamed.least(a, b, case.alloc) - case.value) <= 1e-6 * max(1.0, case.value)
+    for a, b, exchanged in case.exchanges():
+        least = case.renamed.least(a, b, exchanged)
+        there = case.relaxed(exchanged)
+        if there is not None:  # else no routing within the exchanged caps: any bound holds
+            assert least <= there + 1e-6 * max(1.0, case.value)
