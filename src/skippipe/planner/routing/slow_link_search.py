@@ -41,6 +41,7 @@ from skippipe.planner.routing.slow_links import (
     INTEGRAL_TOL,
     MAX_ARCS,
     Routing,
+    arc_cost,
     arc_count,
     min_cost_routing,
     programme_s,
@@ -100,17 +101,17 @@ class RenamedRelaxation:
         self.arcs = arcs = shape.arcs
         self.flow, self.prices = routing.flow, routing.cap_prices
         self.touching = [np.flatnonzero((arcs.tail == p) | (arcs.head == p)) for p in range(problem.n)]
-        self.visits = shape.matrix[: problem.n] @ self.flow  # by position (the data nodes' positions take none)
+        self.visits = shape.cap_rows @ self.flow  # by position (the data nodes' positions take none)
         self.caps = np.asarray(problem.load_caps(stages), dtype=float)
         self.own_now = float(own[stages[0]].sum())
         self.cost = self._arc_cost(self.node, np.arange(len(arcs.tail)))
-        depth = np.asarray(order_graph(seqs).depth)[arcs.tail_state]
+        graph = order_graph(seqs)
+        depth = np.asarray(graph.depth)[arcs.tail_state]
         self.layers = [np.flatnonzero(depth == k) for k in range(int(depth.max()) + 1)]
-        self.states = order_graph(seqs).states
+        self.states = graph.states
 
     def _arc_cost(self, node: np.ndarray, ids: np.ndarray) -> np.ndarray:
-        t, h = node[self.arcs.tail[ids]], node[self.arcs.head[ids]]
-        return self.rc.edge[t, h] + np.where(self.arcs.last[ids], 0.0, self.rc.node[h])
+        return arc_cost(self.rc, node[self.arcs.tail[ids]], node[self.arcs.head[ids]], self.arcs.last[ids])
 
     def _renamed(self, a: int, b: int, exchanged: list[list[int]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The node at each position after the exchange, the caps by node, and the arcs whose

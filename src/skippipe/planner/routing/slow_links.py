@@ -118,7 +118,7 @@ def min_cost_routing(
     shape = _shape(problem.n, tuple(len(s) for s in stages), seqs, m)
     node = np.array([x for s in stages for x in s], dtype=int)  # node at each position
     arcs = shape.arcs_of(node)
-    cost = rc.edge[arcs.tail, arcs.head] + np.where(arcs.last, 0.0, rc.node[arcs.head])
+    cost = arc_cost(rc, arcs.tail, arcs.head, arcs.last)
     on_slow = np.zeros(count, dtype=bool) if slow is None else slow[arcs.tail, arcs.head]
     caps = np.asarray(problem.load_caps(stages), dtype=float)[node]  # the caps, row by position
     bound = np.where(on_slow & fast_only, 0.0, float(m))
@@ -139,6 +139,13 @@ def min_cost_routing(
     whole = integral or (read_integral and bool(np.all(np.abs(x - rounded) <= INTEGRAL_TOL)))
     paths = _decompose(arcs, rounded.astype(int), stages[0]) if whole else None
     return Routing(float(cost @ flow), paths, ends, None if integral else x, prices)
+
+
+def arc_cost(rc: RouteCosts, tail: np.ndarray, head: np.ndarray, last: np.ndarray) -> np.ndarray:
+    """The cost of arcs from node ``tail`` to node ``head``: the two hops (activation forward,
+    gradient back) and, unless the arc is the ``last`` one back to the data node, the compute of
+    the node it enters."""
+    return rc.edge[tail, head] + np.where(last, 0.0, rc.node[head])
 
 
 def _relaxation(shape: _Shape, cost: np.ndarray, caps: np.ndarray, bound: np.ndarray
