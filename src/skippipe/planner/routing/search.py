@@ -15,7 +15,9 @@ step may also help the second-latest data node. The order search then rearranges
 operations on the nodes of the critical component: an operation moves a few places earlier
 or later in its node's order (the simulator follows a processing order exactly), starting
 from the order the nodes served on their own and from one that injects a new microbatch right
-after a backward frees its slot. Everything is deterministic for a seed; ``budget`` counts
+after a backward frees its slot. Before those, half of the budget left goes to moves on the
+critical path of the schedule (``critical_orders``): on a component of hundreds of operations
+the random moves do not finish one pass within their budget. Everything is deterministic for a seed; ``budget`` counts
 simulations, the deadline only cuts the search short.
 """
 
@@ -28,6 +30,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from skippipe.planner.routing.critical_orders import critical_orders
 from skippipe.planner.routing.evaluate import Evaluator, Incremental, Route, Score
 
 Orders = dict[int, list[str]]
@@ -228,7 +231,8 @@ class RouteSearch:
         """Processing orders for the nodes of one component (``orders`` of other nodes are kept).
 
         A component that is the same scheduling problem as one optimised before (same routes up
-        to renaming, same costs) first tries that component's orders."""
+        to renaming, same costs) first tries that component's orders; any other first gets half
+        of the budget left for the moves on its critical path (``critical_orders``)."""
         current = self._comp_score(routes, comp, orders)
         best_orders, best = orders, current
         key, nodes = self._signature(routes, comp)
@@ -239,6 +243,11 @@ class RouteSearch:
             starts.append({nodes[k]: [f"{kind}{comp[j]}" for kind, j in ops] for k, ops in pattern.items()})
         first = self.ev.realized_orders(routes, comp, orders)
         starts += [first, interleaved(first, routes, comp, self.ev.memory)]
+        share = (self.limits.budget - self.limits.spent) // 2
+        if pattern is None and share > 0:  # first the moves on the critical path, with half of what is left
+            found, s = critical_orders(self, routes, comp, {**orders, **first}, current, share)
+            if s < best:
+                best, best_orders = s, found
         for n_start, start in enumerate(starts):
             merged = {**orders, **start}
             budget = 0 if (pattern is not None and n_start == 0) else per_start
