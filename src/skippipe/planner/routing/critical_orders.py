@@ -25,9 +25,12 @@ choices come from the search's generator, so the result is deterministic.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
+from random import Random
+from typing import Protocol
 
-from skippipe.planner.routing.evaluate import Incremental, Route, Score
+from skippipe.planner.routing.evaluate import Evaluator, Route, Score
 from skippipe.sim import OpRecord, simulate
 
 Orders = dict[int, list[str]]
@@ -36,6 +39,26 @@ Orders = dict[int, list[str]]
 # op gap or the injection gap): the node was busy; a longer one is a wait for a slot
 GAP_SLACK_S = 0.25
 KICK_MOVES = 2  # operations of the critical path moved by one kick
+
+
+class RouteSearch(Protocol):
+    """What this search uses of ``search.RouteSearch``: its evaluator, budget and generator,
+    and its scoring of one component's orders."""
+
+    ev: Evaluator
+    limits: SearchBudget
+    rng: Random
+
+    def component_score(self, routes: list[Route], comp: list[int], orders: Orders) -> Score: ...
+
+    def first_better(self, routes: list[Route], comp: list[int], orders: Orders,
+                     proposals: Iterable[tuple[int, list[str]]], best: Score, stop: int) -> tuple[Score, bool]: ...
+
+
+class SearchBudget(Protocol):
+    spent: int
+
+    def done(self) -> bool: ...
 
 
 @dataclass
@@ -48,7 +71,7 @@ def _token(op: OpRecord) -> str:
     return f"{op.kind}{op.mb}"
 
 
-def critical_walk(search, routes: list[Route], comp: list[int], orders: Orders) -> _Walk:
+def critical_walk(search: RouteSearch, routes: list[Route], comp: list[int], orders: Orders) -> _Walk:
     """The critical path of the component's schedule under ``orders`` (one simulation)."""
     plan, nodes = search.ev.subplan(routes, comp, orders)
     search.limits.spent += 1
@@ -122,34 +145,20 @@ def _moved(seq: list[str], a: str, b: str, how: str) -> list[str]:
     return new
 
 
-def _score(search, routes: list[Route], comp: list[int], orders: Orders) -> Score:
-    search.limits.spent += 1
-    return Incremental._combine({0: search.ev.component_finish(routes, comp, orders)})
-
-
-def _descend(search, routes: list[Route], comp: list[int], orders: Orders, best: Score, budget: int
+def _descend(search: RouteSearch, routes: list[Route], comp: list[int], orders: Orders, best: Score, budget: int
              ) -> tuple[Orders, Score]:
     """First-improvement descent over the block moves, within ``budget`` simulations."""
     stop = search.limits.spent + budget
     while search.limits.spent < stop and not search.limits.done():
         walk = critical_walk(search, routes, comp, orders)
-        improved = False
-        for x, a, b, how in block_moves(walk):
-            if search.limits.spent >= stop or search.limits.done():
-                break
-            old = orders[x]
-            orders[x] = _moved(old, a, b, how)
-            s = _score(search, routes, comp, orders)
-            if s < best:
-                best, improved = s, True
-                break
-            orders[x] = old
+        best, improved = search.first_better(routes, comp, orders, (
+            (x, _moved(orders[x], a, b, how)) for x, a, b, how in block_moves(walk)), best, stop)
         if not improved:
             break
     return orders, best
 
 
-def critical_orders(search, routes: list[Route], comp: list[int], orders: Orders, score: Score, budget: int
+def critical_orders(search: RouteSearch, routes: list[Route], comp: list[int], orders: Orders, score: Score, budget: int
                     ) -> tuple[Orders, Score]:
     """Iterated descent over the critical path's block moves from ``orders`` (scored ``score``;
     a node of the component not listed serves first come, first served), within ``budget``
@@ -157,10 +166,12 @@ def critical_orders(search, routes: list[Route], comp: list[int], orders: Orders
     stop = search.limits.spent + budget
     search.limits.spent += 1
     served = search.ev.realized_orders(routes, comp, orders)  # every node of the component listed
-    best_orders, best = _descend(search, routes, comp, {**orders, **served}, score, budget)
+    best_orders, best = _descend(search, routes, comp, {**orders, **served}, score, stop - search.limits.spent)
     while search.limits.spent < stop and not search.limits.done():
         trial = {x: list(v) for x, v in best_orders.items()}
         walk = critical_walk(search, routes, comp, trial)
+        if not walk.ops:
+            break
         for _ in range(KICK_MOVES):
             op = search.rng.choice(walk.ops)
             seq = trial[walk.nodes[op.node]]
@@ -168,7 +179,7 @@ def critical_orders(search, routes: list[Route], comp: list[int], orders: Orders
             j = i + search.rng.choice((-2, -1, 1, 2))
             if 0 <= j < len(seq):
                 seq.insert(j, seq.pop(i))
-        s = _score(search, routes, comp, trial)
+        s = search.component_score(routes, comp, trial)
         if not math.isfinite(s.makespan):
             continue  # the kick deadlocked the slots
         trial, s = _descend(search, routes, comp, trial, s, stop - search.limits.spent)

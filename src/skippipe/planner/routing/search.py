@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -199,7 +199,7 @@ class RouteSearch:
         return state
 
     # ------------------------------------------------------------------ processing orders
-    def _comp_score(self, routes: list[Route], comp: list[int], orders: Orders) -> Score:
+    def component_score(self, routes: list[Route], comp: list[int], orders: Orders) -> Score:
         self.limits.spent += 1
         return Incremental._combine({0: self.ev.component_finish(routes, comp, orders)})
 
@@ -233,7 +233,7 @@ class RouteSearch:
         A component that is the same scheduling problem as one optimised before (same routes up
         to renaming, same costs) first tries that component's orders; any other first gets half
         of the budget left for the moves on its critical path (``critical_orders``)."""
-        current = self._comp_score(routes, comp, orders)
+        current = self.component_score(routes, comp, orders)
         best_orders, best = orders, current
         key, nodes = self._signature(routes, comp)
         mb_index = {i: k for k, i in enumerate(comp)}
@@ -282,29 +282,42 @@ class RouteSearch:
         self, routes: list[Route], comp: list[int], orders: Orders, nodes: list[int], budget: int
     ) -> tuple[Orders, Score]:
         orders = {x: list(v) for x, v in orders.items()}
-        best = self._comp_score(routes, comp, orders)
-        spent = 0
-        while not self.limits.done() and spent < budget:
-            improved = False
+        best = self.component_score(routes, comp, orders)
+        stop = self.limits.spent + budget
+        while not self.limits.done() and self.limits.spent < stop:
             moves = [(x, p, q) for x in nodes for p in range(len(orders[x]))
                      for q in range(max(0, p - 3), min(len(orders[x]), p + 4)) if q != p]
             self.rng.shuffle(moves)
-            for x, p, q in moves:
-                if self.limits.done() or spent >= budget:
-                    break
-                ops = orders[x]
-                new = list(ops)
-                new.insert(q, new.pop(p))
-                orders[x] = new
-                spent += 1
-                s = self._comp_score(routes, comp, orders)
-                if s < best:
-                    best, improved = s, True
-                    break
-                orders[x] = ops
+            best, improved = self.first_better(routes, comp, orders, (
+                (x, _moved_to(orders[x], p, q)) for x, p, q in moves), best, stop)
             if not improved:
                 break
         return orders, best
+
+    def first_better(
+        self, routes: list[Route], comp: list[int], orders: Orders, proposals: Iterable[tuple[int, list[str]]],
+        best: Score, stop: int,
+    ) -> tuple[Score, bool]:
+        """Tries each (node, new order of the node) of ``proposals`` in turn until one scores below
+        ``best`` (it is then kept in ``orders``) or the search has spent ``stop`` simulations; the
+        best score and whether a proposal was kept."""
+        for x, new in proposals:
+            if self.limits.done() or self.limits.spent >= stop:
+                break
+            old = orders[x]
+            orders[x] = new
+            s = self.component_score(routes, comp, orders)
+            if s < best:
+                return s, True
+            orders[x] = old
+        return best, False
+
+
+def _moved_to(ops: list[str], p: int, q: int) -> list[str]:
+    """``ops`` with the operation at place ``p`` moved to place ``q``."""
+    new = list(ops)
+    new.insert(q, new.pop(p))
+    return new
 
 
 def interleaved(orders: Orders, routes: list[Route], ids: list[int], memory: list[int]) -> Orders:
