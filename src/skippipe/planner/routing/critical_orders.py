@@ -12,8 +12,8 @@ critical path of the simulated schedule instead:
   the walk);
 - consecutive operations of the path on one node form a *block*; the moves swap the first two
   and the last two operations of each block, and move its last operation to its front and its
-  first to its back (the neighbourhoods of job-shop local search: only these can shorten the
-  path);
+  first to its back (as job-shop local search does: a swap inside a block leaves the path's
+  length as it was);
 - a descent takes the first move that lowers the score and walks the new path; when none
   helps, a kick (a few operations of the path moved one or two places at random) and a new
   descent, kept when it ends lower, until the budget is spent.
@@ -41,7 +41,7 @@ GAP_SLACK_S = 0.25
 KICK_MOVES = 2  # operations of the critical path moved by one kick
 
 
-class RouteSearch(Protocol):
+class OrderSearch(Protocol):
     """What this search uses of ``search.RouteSearch``: its evaluator, budget and generator,
     and its scoring of one component's orders."""
 
@@ -71,7 +71,7 @@ def _token(op: OpRecord) -> str:
     return f"{op.kind}{op.mb}"
 
 
-def critical_walk(search: RouteSearch, routes: list[Route], comp: list[int], orders: Orders) -> _Walk:
+def critical_walk(search: OrderSearch, routes: list[Route], comp: list[int], orders: Orders) -> _Walk:
     """The critical path of the component's schedule under ``orders`` (one simulation)."""
     plan, nodes = search.ev.subplan(routes, comp, orders)
     search.limits.spent += 1
@@ -145,7 +145,7 @@ def _moved(seq: list[str], a: str, b: str, how: str) -> list[str]:
     return new
 
 
-def _descend(search: RouteSearch, routes: list[Route], comp: list[int], orders: Orders, best: Score, budget: int
+def _descend(search: OrderSearch, routes: list[Route], comp: list[int], orders: Orders, best: Score, budget: int
              ) -> tuple[Orders, Score]:
     """First-improvement descent over the block moves, within ``budget`` simulations."""
     stop = search.limits.spent + budget
@@ -158,7 +158,7 @@ def _descend(search: RouteSearch, routes: list[Route], comp: list[int], orders: 
     return orders, best
 
 
-def critical_orders(search: RouteSearch, routes: list[Route], comp: list[int], orders: Orders, score: Score, budget: int
+def critical_orders(search: OrderSearch, routes: list[Route], comp: list[int], orders: Orders, score: Score, budget: int
                     ) -> tuple[Orders, Score]:
     """Iterated descent over the critical path's block moves from ``orders`` (scored ``score``;
     a node of the component not listed serves first come, first served), within ``budget``

@@ -17,8 +17,8 @@ or later in its node's order (the simulator follows a processing order exactly),
 from the order the nodes served on their own and from one that injects a new microbatch right
 after a backward frees its slot. Before those, half of the budget left goes to moves on the
 critical path of the schedule (``critical_orders``): on a component of hundreds of operations
-the random moves do not finish one pass within their budget. Everything is deterministic for a seed; ``budget`` counts
-simulations, the deadline only cuts the search short.
+the random moves do not finish one pass within their budget. Everything is deterministic for
+a seed; ``budget`` counts simulations, the deadline only cuts the search short.
 """
 
 from __future__ import annotations
