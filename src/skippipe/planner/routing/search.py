@@ -226,13 +226,14 @@ class RouteSearch:
         return self._signature(routes, comp)[0] in self.patterns
 
     def improve_orders(
-        self, routes: list[Route], comp: list[int], orders: Orders, per_start: int = 800
+        self, routes: list[Route], comp: list[int], orders: Orders, per_start: int = 800, critical: bool = True
     ) -> tuple[Orders, Score]:
         """Processing orders for the nodes of one component (``orders`` of other nodes are kept).
 
         A component that is the same scheduling problem as one optimised before (same routes up
         to renaming, same costs) first tries that component's orders; any other first gets half
-        of the budget left for the moves on its critical path (``critical_orders``)."""
+        of the budget left for the moves on its critical path (``critical_orders``; not with
+        ``critical=False``)."""
         current = self.component_score(routes, comp, orders)
         best_orders, best = orders, current
         key, nodes = self._signature(routes, comp)
@@ -244,7 +245,7 @@ class RouteSearch:
         first = self.ev.realized_orders(routes, comp, orders)
         starts += [first, interleaved(first, routes, comp, self.ev.memory)]
         share = (self.limits.budget - self.limits.spent) // 2
-        if pattern is None and share > 0:  # first the moves on the critical path, with half of what is left
+        if critical and pattern is None and share > 0:  # first the moves on the critical path, with half of what is left
             found, s = critical_orders(self, routes, comp, {**orders, **first}, current, share)
             if s < best:
                 best, best_orders = s, found
