@@ -54,7 +54,8 @@ def main() -> None:
             if method == "random":
                 _, score = search.improve_orders(routes, comp, {}, critical=False)
             else:
-                _, score = critical_orders(search, routes, comp, {}, search.component_score(routes, comp, {}),
+                served = ev.realized_orders(routes, comp)
+                _, score = critical_orders(search, routes, comp, served, search.component_score(routes, comp, {}),
                                            args.sims - 1)
             found.append((score.makespan, time.perf_counter() - start))
         (rnd, rnd_s), (crit, crit_s) = found

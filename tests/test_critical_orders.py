@@ -65,7 +65,7 @@ def test_the_critical_walk_is_a_chain_of_operations_that_ends_the_schedule(clust
 def test_critical_orders_never_end_later_and_the_simulator_follows_them(cluster, seed):
     _, _, routes, ev, search, comp = _random_routing(cluster, 5, 3, seed)
     start = _score(ev, routes, comp, None)
-    orders, score = critical_orders(search, routes, comp, {}, start, 200)
+    orders, score = critical_orders(search, routes, comp, ev.realized_orders(routes, comp), start, 200)
     assert not start < score
     assert search.limits.spent <= 200 + 2  # a walk or a score past the budget's end at most
     nodes = {x for i in comp for x in (routes[i][0], *routes[i][1])}
@@ -89,5 +89,5 @@ def test_critical_orders_shorten_a_schedule_that_first_come_first_served_leaves_
     start = _score(ev, routes, comp, None)
     walk = critical_walk(search, routes, comp, ev.realized_orders(routes, comp))
     assert block_moves(walk)
-    _, score = critical_orders(search, routes, comp, {}, start, 300)
+    _, score = critical_orders(search, routes, comp, ev.realized_orders(routes, comp), start, 300)
     assert score.makespan < start.makespan - 0.1

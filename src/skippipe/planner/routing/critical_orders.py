@@ -146,30 +146,29 @@ def _moved(seq: list[str], a: str, b: str, how: str) -> list[str]:
 
 
 def _descend(search: OrderSearch, routes: list[Route], comp: list[int], orders: Orders, best: Score, budget: int
-             ) -> tuple[Orders, Score]:
-    """First-improvement descent over the block moves, within ``budget`` simulations."""
+             ) -> tuple[Orders, Score, _Walk | None]:
+    """First-improvement descent over the block moves, within ``budget`` simulations; the orders,
+    their score and their critical path (None when the budget ended the descent first)."""
     stop = search.limits.spent + budget
     while search.limits.spent < stop and not search.limits.done():
         walk = critical_walk(search, routes, comp, orders)
         best, improved = search.first_better(routes, comp, orders, (
             (x, _moved(orders[x], a, b, how)) for x, a, b, how in block_moves(walk)), best, stop)
         if not improved:
-            break
-    return orders, best
+            return orders, best, walk
+    return orders, best, None
 
 
 def critical_orders(search: OrderSearch, routes: list[Route], comp: list[int], orders: Orders, score: Score, budget: int
                     ) -> tuple[Orders, Score]:
     """Iterated descent over the critical path's block moves from ``orders`` (scored ``score``;
-    a node of the component not listed serves first come, first served), within ``budget``
-    simulations; the best orders and their score (with every node of the component listed)."""
+    every node of the component listed, as ``Evaluator.realized_orders`` gives them), within
+    ``budget`` simulations; the best orders and their score."""
     stop = search.limits.spent + budget
-    search.limits.spent += 1
-    served = search.ev.realized_orders(routes, comp, orders)  # every node of the component listed
-    best_orders, best = _descend(search, routes, comp, {**orders, **served}, score, stop - search.limits.spent)
+    best_orders, best, best_walk = _descend(search, routes, comp, dict(orders), score, budget)
     while search.limits.spent < stop and not search.limits.done():
         trial = {x: list(v) for x, v in best_orders.items()}
-        walk = critical_walk(search, routes, comp, trial)
+        walk = best_walk if best_walk is not None else critical_walk(search, routes, comp, trial)
         if not walk.ops:
             break
         for _ in range(KICK_MOVES):
@@ -182,7 +181,7 @@ def critical_orders(search: OrderSearch, routes: list[Route], comp: list[int], o
         s = search.component_score(routes, comp, trial)
         if not math.isfinite(s.makespan):
             continue  # the kick deadlocked the slots
-        trial, s = _descend(search, routes, comp, trial, s, stop - search.limits.spent)
+        trial, s, trial_walk = _descend(search, routes, comp, trial, s, stop - search.limits.spent)
         if s < best:
-            best_orders, best = trial, s
+            best_orders, best, best_walk = trial, s, trial_walk
     return best_orders, best
