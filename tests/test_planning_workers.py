@@ -4,7 +4,9 @@ threads, and the worker count read from ``SKIPPIPE_PLANNING_WORKERS``."""
 
 from __future__ import annotations
 
+import pathlib
 import threading
+import time
 
 import pytest
 
@@ -73,6 +75,34 @@ def test_an_error_in_a_worker_is_raised_in_the_caller_with_its_type():
         W.GroupPlanner(workers=1).plan(subs, seed=0, budget=50)
     with W.GroupPlanner(workers=2) as planner, pytest.raises(LoadCapsTooSmall):
         planner.plan(subs, seed=0, budget=50)
+
+
+def _refuse_one_or_sleep(sub, *, marker: str, refused: bytes, **kwargs):
+    """A group planner for the workers: the group of costs ``refused`` is refused at once, the
+    others sleep and then leave ``marker`` behind."""
+    if decompose.cost_key(sub) == refused:
+        raise LoadCapsTooSmall("refused at once")
+    time.sleep(15)
+    pathlib.Path(marker).write_text("planned")
+    return None
+
+
+def test_fail_fast_raises_the_first_error_and_stops_the_other_groups(monkeypatch, tmp_path):
+    """The islands' first probe (``decompose.plan_in_groups``) gives the split up on any
+    error: the groups still planning are not waited for, and the planner forks new workers
+    for the next batch."""
+    subs = _group_problems(seed=2)
+    assert len(subs) >= 2
+    marker, planner_of_groups = tmp_path / "planned", W.plan_skippipe
+    monkeypatch.setattr(W, "plan_skippipe", _refuse_one_or_sleep)
+    with W.GroupPlanner(workers=2) as planner:
+        with pytest.raises(LoadCapsTooSmall):
+            planner.plan(subs, fail_fast=True, marker=str(marker), refused=decompose.cost_key(subs[0]))
+        assert not marker.exists()  # the sleeping groups were stopped, not waited for
+        monkeypatch.setattr(W, "plan_skippipe", planner_of_groups)
+        here = W.GroupPlanner(workers=1).plan(subs[:2], seed=0, budget=40)
+        assert [_file(p) for p in planner.plan(subs[:2], seed=0, budget=40)] == [_file(p) for p in here]
+    assert not marker.exists()
 
 
 def test_no_workers_are_forked_from_a_process_that_runs_other_threads():

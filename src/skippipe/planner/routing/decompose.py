@@ -36,9 +36,11 @@ slowest group's.
    nodes are moved by those makespans (``moved_data_nodes``) and the moved split probed again,
    up to ``REBALANCE_ROUNDS`` times while its slowest island gets quicker; the split that
    probed best is then planned in full.
-6. A split whose island cannot carry the visits of its share under the TC1 caps (every path
-   through every stage and too few or too slow nodes in one island's stage; a
-   ``LoadCapsTooSmall``) is given up and the cluster planned whole.
+6. A split whose island cannot be planned (say its share of visits under the TC1 caps: every
+   path through every stage and too few or too slow nodes in one island's stage; a
+   ``LoadCapsTooSmall``) is given up and the cluster planned whole. The first probe stops at
+   the first island that fails (``GroupPlanner.plan`` with ``fail_fast``), so the others'
+   probes and the safety net beside them are not waited for.
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import connected_components
 
 from skippipe.cluster import Cluster
-from skippipe.errors import LoadCapsTooSmall, UserError
+from skippipe.errors import UserError
 from skippipe.planfile import Microbatch, Plan
 from skippipe.planner.problem import Problem
 from skippipe.planner.routing.group_sizes import chain_sized_groups, cheapest_hop, one_site
@@ -368,16 +370,19 @@ def plan_in_groups(
         return planner.plan(subs, seed=seed, time_limit_s=share, budget=GROUP_BUDGET if large else None,
                             thorough=not large)
 
+    probes = [0]
+
     def probe_groups(subs: list[Problem]) -> list[Plan]:
         share = None if time_limit_s is None else 0.02 * time_limit_s
-        return planner.plan(subs, seed=seed, time_limit_s=share, budget=PROBE_BUDGET)
+        probes[0] += 1  # the first batch decides whether the islands are planned apart: given up at its first error
+        return planner.plan(subs, fail_fast=probes[0] == 1, seed=seed, time_limit_s=share, budget=PROBE_BUDGET)
 
     with GroupPlanner() as planner:
         net: list[Pending[list[tuple[str, Plan]]]] = []
         try:  # the safety net is planned beside the groups (a worker is idle while the last groups plan)
             split = decomposed_plan(problem, seed, plan_groups, probe_groups,
                                     lambda: net.append(planner.submit(safety_net, problem, seed, fallbacks)))
-        except LoadCapsTooSmall:  # an island cannot carry the visits of its share: plan the cluster whole
+        except UserError:  # an island cannot carry the visits of its share (or its path rules): plan the cluster whole
             return None
         if split is None:
             return None

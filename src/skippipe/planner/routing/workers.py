@@ -23,7 +23,7 @@ import os
 import sys
 import threading
 from collections.abc import Callable
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Generic, TypeVar
 
@@ -70,13 +70,13 @@ class Pending(Generic[T]):
     worker died (a process killed, say), so a plan never depends on the workers."""
 
     def __init__(self, future: Future[T] | None, work: Callable[..., T], args: tuple, kwargs: dict) -> None:
-        self._future, self._call = future, (work, args, kwargs)
+        self.future, self._call = future, (work, args, kwargs)
 
     def result(self) -> T:
         work, args, kwargs = self._call
-        if self._future is not None:
+        if self.future is not None:
             try:
-                return self._future.result()
+                return self.future.result()
             except BrokenProcessPool:
                 pass
         return work(*args, **kwargs)
@@ -103,14 +103,29 @@ class GroupPlanner:
             self._pool.submit(_mark_worker).result()  # forks every worker (fork context), then a thread starts
         return self._pool is not None
 
-    def plan(self, subs: list[Problem], **kwargs: Any) -> list[Plan]:
+    def plan(self, subs: list[Problem], fail_fast: bool = False, **kwargs: Any) -> list[Plan]:
         """``plan_skippipe(sub, **kwargs)`` for every group, in order (handed out largest first);
-        the first group's error, in order, is raised. A single group is planned here unless the workers are running."""
+        the first group's error, in order, is raised. A single group is planned here unless the
+        workers are running. ``fail_fast``: for a caller that only asks whether every group can
+        be planned (it gives the batch up on any ``UserError``): the first error to arrive is
+        raised at once and the workers still planning are stopped, with whatever else they ran
+        (the next call forks new ones)."""
         if self._pool is None and len(subs) < 2:
             return [plan_skippipe(sub, **kwargs) for sub in subs]
         largest_first = sorted(range(len(subs)), key=lambda i: -subs[i].n)  # the last to finish are small
         pending = {i: self.submit(plan_skippipe, subs[i], **kwargs) for i in largest_first}
+        if fail_fast:
+            self._raise_first_error([p.future for p in pending.values()])
         return [pending[i].result() for i in range(len(subs))]
+
+    def _raise_first_error(self, futures: list[Future | None]) -> None:
+        """Wait for ``futures`` until one fails; then stop the workers and raise its error."""
+        running = [f for f in futures if f is not None]
+        done, _ = wait(running, return_when=FIRST_EXCEPTION)
+        errors = [e for f in running if f in done and not f.cancelled() and isinstance(e := f.exception(), UserError)]
+        if errors and len(done) < len(running):  # else the results are taken in order (a dead worker's plans made here)
+            self.stop()
+            raise errors[0]
 
     def submit(self, work: Callable[..., T], *args: Any, **kwargs: Any) -> Pending[T]:
         """``work(*args, **kwargs)`` handed to a worker when the planner has workers (forked
@@ -128,6 +143,13 @@ class GroupPlanner:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
+
+    def stop(self) -> None:
+        """End the workers now, whatever they are running (their calls are lost)."""
+        if self._pool is not None:
+            for process in list((getattr(self._pool, "_processes", None) or {}).values()):
+                process.terminate()
+            self.close()
 
     def __enter__(self) -> GroupPlanner:
         return self
