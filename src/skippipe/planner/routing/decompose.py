@@ -36,11 +36,9 @@ slowest group's.
    nodes are moved by those makespans (``moved_data_nodes``) and the moved split probed again,
    up to ``REBALANCE_ROUNDS`` times while its slowest island gets quicker; the split that
    probed best is then planned in full.
-6. A split whose island cannot be planned (say its share of visits under the TC1 caps: every
-   path through every stage and too few or too slow nodes in one island's stage; a
-   ``LoadCapsTooSmall``) is given up and the cluster planned whole. The first probe stops at
-   the first island that fails (``GroupPlanner.plan`` with ``fail_fast``), so the others'
-   probes and the safety net beside them are not waited for.
+6. A split whose island cannot be planned (say too few or too slow nodes in one island's stage
+   for its share of visits under the TC1 caps) is given up and the cluster planned whole; the
+   first probe stops at the first refusal (``GroupPlanner.plan``'s ``fail_fast``).
 """
 
 from __future__ import annotations
