@@ -25,7 +25,7 @@ from skippipe.planner import methods
 from skippipe.planner.floors import free_allocation_floor
 from skippipe.planner.problem import Problem, build_problem
 from skippipe.planner.routing.budget import planning_target_s
-from skippipe.planner.routing.workers import cpu_seconds
+from skippipe.planner.routing.pool import cpu_seconds
 from skippipe.sim import simulate
 from skippipe.workload import Workload
 

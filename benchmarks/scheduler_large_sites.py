@@ -23,8 +23,8 @@ from skippipe.planfile import Plan, plan_violations
 from skippipe.planner import methods
 from skippipe.planner.problem import Problem, build_problem
 from skippipe.planner.routing.budget import planning_target_s
+from skippipe.planner.routing.pool import cpu_seconds
 from skippipe.planner.routing.schedule import plan_skippipe
-from skippipe.planner.routing.workers import cpu_seconds
 from skippipe.sim import simulate
 from skippipe.workload import Workload
 

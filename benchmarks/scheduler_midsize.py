@@ -24,8 +24,8 @@ from skippipe.planfile import plan_violations
 from skippipe.planner import methods
 from skippipe.planner.floors import free_allocation_floor
 from skippipe.planner.problem import build_problem
+from skippipe.planner.routing.pool import cpu_seconds
 from skippipe.planner.routing.schedule import plan_skippipe
-from skippipe.planner.routing.workers import cpu_seconds
 from skippipe.sim import simulate
 from skippipe.workload import Workload
 

@@ -24,8 +24,8 @@ from skippipe.planner.allocation import allocate
 from skippipe.planner.methods import make_plan
 from skippipe.planner.problem import Problem, build_problem
 from skippipe.planner.routing.candidates import stage_orders
+from skippipe.planner.routing.pool import cpu_seconds
 from skippipe.planner.routing.slow_links import programme_size
-from skippipe.planner.routing.workers import cpu_seconds
 from skippipe.workload import Workload, least_max_jump
 
 

@@ -35,7 +35,7 @@ from skippipe.fileio import atomic_write_text
 from skippipe.planner.floors import free_allocation_floor
 from skippipe.planner.methods import make_plan
 from skippipe.planner.problem import build_problem
-from skippipe.planner.routing.workers import cpu_seconds
+from skippipe.planner.routing.pool import cpu_seconds
 from skippipe.viz import save_png
 
 METHODS = ("naive", "random", "skippipe-no-tc2", "skippipe")

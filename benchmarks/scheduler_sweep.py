@@ -26,7 +26,7 @@ from skippipe.planfile import plan_violations
 from skippipe.planner.floors import free_allocation_floor
 from skippipe.planner.methods import make_plan
 from skippipe.planner.problem import Problem, build_problem
-from skippipe.planner.routing.workers import cpu_seconds
+from skippipe.planner.routing.pool import cpu_seconds
 from skippipe.sim import simulate
 from skippipe.workload import Workload, least_max_jump
 

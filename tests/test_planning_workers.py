@@ -16,7 +16,7 @@ from skippipe.cluster_gen import random_global_cluster
 from skippipe.errors import LoadCapsTooSmall, UserError
 from skippipe.planner import methods
 from skippipe.planner.problem import build_problem
-from skippipe.planner.routing import decompose
+from skippipe.planner.routing import decompose, pool
 from skippipe.planner.routing import site_groups as G
 from skippipe.planner.routing import workers as W
 from skippipe.workload import Workload
@@ -59,7 +59,7 @@ def test_skippipe_plans_the_same_with_one_worker_or_two(monkeypatch):
     assert G.site_groups(problem) is not None
     plans = {}
     for count in ("1", "2"):
-        monkeypatch.setenv(W.WORKERS_ENV, count)
+        monkeypatch.setenv(pool.WORKERS_ENV, count)
         plans[count] = _file(methods.make_plan("skippipe", problem, seed=0))
     assert plans["1"] == plans["2"]
     assert "whole_makespan_s" in plans["2"]["meta"] or "grouped_makespan_s" in plans["2"]["meta"]
@@ -120,25 +120,25 @@ def test_no_workers_are_forked_from_a_process_that_runs_other_threads():
         other.join()
 
 
-@pytest.mark.parametrize("raw,count", [("", W.DEFAULT_WORKERS), ("1", 1), (" 3 ", 3)])
+@pytest.mark.parametrize("raw,count", [("", pool.DEFAULT_WORKERS), ("1", 1), (" 3 ", 3)])
 def test_the_worker_count_comes_from_the_environment(monkeypatch, raw, count):
-    monkeypatch.setenv(W.WORKERS_ENV, raw)
-    assert W.planning_workers() == count
+    monkeypatch.setenv(pool.WORKERS_ENV, raw)
+    assert pool.planning_workers() == count
 
 
 @pytest.mark.parametrize("raw", ["0", "two", "-1", "65", "1.5"])
 def test_a_bad_worker_count_is_refused(monkeypatch, raw):
-    monkeypatch.setenv(W.WORKERS_ENV, raw)
-    with pytest.raises(UserError, match=W.WORKERS_ENV):
-        W.planning_workers()
+    monkeypatch.setenv(pool.WORKERS_ENV, raw)
+    with pytest.raises(UserError, match=pool.WORKERS_ENV):
+        pool.planning_workers()
 
 
 def test_the_cli_refuses_a_bad_worker_count_in_one_line(tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv(W.WORKERS_ENV, "many")
+    monkeypatch.setenv(pool.WORKERS_ENV, "many")
     out = tmp_path / "plan.json"
     code = main(["plan", "--cluster", "gcp-2025/geo-distributed/20", "--method", "skippipe", "--out", str(out)])
     err = capsys.readouterr().err.strip()
-    assert code == 2 and "\n" not in err and W.WORKERS_ENV in err
+    assert code == 2 and "\n" not in err and pool.WORKERS_ENV in err
     assert not out.exists()
 
 

@@ -15,11 +15,13 @@ from skippipe.planner import methods
 from skippipe.planner.allocation import allocate, random_allocation
 from skippipe.planner.allocation.stage_caps import largest_hold_per_slot
 from skippipe.planner.problem import Problem, build_problem
+from skippipe.planner.routing import candidates
 from skippipe.planner.routing.candidates import Candidate, remembered_dealings, slow_link_candidate, stage_orders
 from skippipe.planner.routing.evaluate import Evaluator
+from skippipe.planner.routing.pool import WORKERS_ENV, WorkerPool
 from skippipe.planner.routing.schedule import build_plan
 from skippipe.planner.routing.sequences import RouteCosts
-from skippipe.planner.routing.slow_link_search import RenamedRelaxation, exchanged_stages, slow_link_allocation
+from skippipe.planner.routing.slow_link_search import RenamedRelaxation, SwapWork, exchanged_stages, slow_link_allocation
 from skippipe.planner.routing.slow_links import (
     DEALING_MAX_ARCS,
     _shape,
@@ -173,6 +175,32 @@ def test_the_slow_link_search_also_starts_from_the_memory_dealings():
     alone = Evaluator(problem, stages).score([(d, p) for d in stages[0] for p in paths[d]])
     assert cand.score.makespan < alone.makespan
     assert largest_hold_per_slot(problem, cand.stages) < largest_hold_per_slot(problem, stages)
+
+
+def test_the_searches_from_several_allocations_find_the_same_in_workers_or_here(monkeypatch):
+    """The searches of one start (the best start and its memory dealings) run side by side in
+    the planning workers: the same candidate and the same estimate of their programmes."""
+    problem = _few_slot_problem(15, seed=94, sites=3, stages=9, length=8, jump=3, swaps=0)
+    start = _start(problem)
+    dealings = remembered_dealings(problem)
+    assert len(dealings(start.stages)) >= 1  # with the start: two searches or more
+    forked = []
+
+    class Pool(WorkerPool):
+        def start(self) -> bool:
+            forked.append(super().start())
+            return forked[-1]
+
+    monkeypatch.setattr(candidates, "WorkerPool", Pool)
+    found = {}
+    for count in ("1", "2"):
+        monkeypatch.setenv(WORKERS_ENV, count)
+        work = SwapWork()
+        cand, _ = slow_link_candidate(problem, [start], dealings, work)
+        found[count] = (cand.name, cand.stages, cand.routes, cand.score.makespan, work.spent_s)
+        assert any(forked) == (count == "2")
+    assert found["1"] == found["2"]
+    assert found["1"][-1] > 0.0
 
 
 def test_memory_dealings_that_need_slow_links_are_searched_too():

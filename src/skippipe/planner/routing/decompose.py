@@ -55,9 +55,10 @@ from skippipe.errors import UserError
 from skippipe.planfile import Microbatch, Plan
 from skippipe.planner.problem import Problem
 from skippipe.planner.routing.group_sizes import chain_sized_groups, cheapest_hop, one_site
+from skippipe.planner.routing.pool import Pending
 from skippipe.planner.routing.schedule import plan_no_tc2, quickest
 from skippipe.planner.routing.slow_links import slow_link_mask
-from skippipe.planner.routing.workers import GroupPlanner, Pending
+from skippipe.planner.routing.workers import GroupPlanner
 from skippipe.sim import simulate
 
 DECOMPOSE_NODES = 200  # clusters above this many nodes get the candidate

@@ -51,8 +51,9 @@ from skippipe.planner.routing import decompose
 from skippipe.planner.routing.budget import PLANNING_SHARE, default_budget, planning_target_s
 from skippipe.planner.routing.candidates import stage_orders
 from skippipe.planner.routing.lookahead import lookahead_routes, lookahead_work
+from skippipe.planner.routing.pool import DEFAULT_WORKERS
 from skippipe.planner.routing.schedule import build_plan, plan_skippipe, quickest
-from skippipe.planner.routing.workers import DEFAULT_WORKERS, GroupPlanner
+from skippipe.planner.routing.workers import GroupPlanner
 from skippipe.sim import simulate
 
 # clusters from this many nodes get the candidate (two groups of SMALL_GROUP_NODES). From 48

@@ -181,6 +181,16 @@ class RenamedRelaxation:
                 yield cand
 
 
+def searched_allocation(
+    problem: Problem, stages: list[list[int]], seqs: tuple[tuple[int, ...], ...], slow: np.ndarray, integer_arcs: int,
+) -> tuple[tuple[list[list[int]], dict[int, list[tuple[int, ...]]]] | None, float]:
+    """``slow_link_allocation`` from ``stages`` and the estimated CPU of its programmes: one
+    search as a call of its own (the searches of one start run side by side in ``pool``'s
+    workers, ``candidates.slow_link_candidate``)."""
+    work = SwapWork()
+    return slow_link_allocation(problem, stages, seqs, slow, work, integer_arcs), work.spent_s
+
+
 def slow_link_allocation(
     problem: Problem, stages: list[list[int]], seqs: tuple[tuple[int, ...], ...], slow: np.ndarray,
     work: SwapWork | None = None, integer_arcs: int = MAX_ARCS,

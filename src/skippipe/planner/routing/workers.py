@@ -1,107 +1,27 @@
-"""Groups planned side by side: worker processes for the group searches of ``plan_skippipe``.
+"""Groups planned side by side: ``GroupPlanner``, the worker processes of ``pool`` for the group
+searches of ``plan_skippipe``.
 
 Where ``skippipe`` plans a cluster in groups (``decompose``, ``site_groups``), each group is a
 search of its own, independent of the others, and from 24 to 200 nodes the groups are planned
 beside the search over the whole cluster. ``GroupPlanner.plan`` hands a batch of groups, and
-``GroupPlanner.submit`` the whole cluster's search, to ``planning_workers()`` worker processes
-(2 by default; the environment variable ``SKIPPIPE_PLANNING_WORKERS`` sets another count, 1
-plans everything in this process).
-
-A plan is a function of its group and its arguments alone (counted budgets, seeded searches),
-so the plans, and the merged plan, are the same whatever the count: only the wall-clock time
-changes. The workers are forked, so nothing is imported again and scripts need no
-``__main__`` guard; only from a process that runs one thread (a process with threads of its
-own, such as a training run replanning, plans here, one group after another), only on Linux
-(where fork is the default and safe for a process without threads) and never from inside a
-worker. Where a worker dies (killed, out of memory), its groups are planned here.
+``GroupPlanner.submit`` the whole cluster's search, to the workers (``pool.planning_workers``).
+A plan is a function of its group and its arguments alone, so the plans, and the merged plan,
+are the same whatever the count of workers.
 """
 
 from __future__ import annotations
 
-import multiprocessing
-import os
-import sys
-import threading
-from collections.abc import Callable
-from concurrent.futures import FIRST_EXCEPTION, Future, ProcessPoolExecutor, wait
-from concurrent.futures.process import BrokenProcessPool
-from typing import Any, Generic, TypeVar
+from typing import Any
 
-from skippipe.errors import UserError
 from skippipe.planfile import Plan
 from skippipe.planner.problem import Problem
+from skippipe.planner.routing.pool import WorkerPool
 from skippipe.planner.routing.schedule import plan_skippipe
 
-WORKERS_ENV = "SKIPPIPE_PLANNING_WORKERS"
-DEFAULT_WORKERS = 2
-MAX_WORKERS = 64
-_IN_WORKER = False  # set in the worker processes: they plan their group here
 
-T = TypeVar("T")
-
-
-def planning_workers() -> int:
-    """The worker processes a batch of groups may use: ``SKIPPIPE_PLANNING_WORKERS`` (1 to
-    ``MAX_WORKERS``), else ``DEFAULT_WORKERS``."""
-    raw = os.environ.get(WORKERS_ENV, "").strip()
-    if not raw:
-        return DEFAULT_WORKERS
-    if not raw.isdigit() or not 1 <= int(raw) <= MAX_WORKERS:
-        raise UserError(f"{WORKERS_ENV} must be a whole number from 1 to {MAX_WORKERS}, got {raw!r}")
-    return int(raw)
-
-
-def cpu_seconds() -> float:
-    """CPU seconds of this process and of its ended child processes (the workers once their
-    planner is closed): what planning cost on every core, where the wall clock shows less."""
-    import resource  # Unix only, as the workers are
-
-    own, ended = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + ended.ru_utime + ended.ru_stime
-
-
-def _mark_worker() -> None:
-    global _IN_WORKER
-    _IN_WORKER = True
-
-
-class Pending(Generic[T]):
-    """A call handed to the workers (``GroupPlanner.submit``); ``result`` makes it here when a
-    worker died (a process killed, say), so a plan never depends on the workers."""
-
-    def __init__(self, future: Future[T] | None, work: Callable[..., T], args: tuple, kwargs: dict) -> None:
-        self.future, self._call = future, (work, args, kwargs)
-
-    def result(self) -> T:
-        work, args, kwargs = self._call
-        if self.future is not None:
-            try:
-                return self.future.result()
-            except BrokenProcessPool:
-                pass
-        return work(*args, **kwargs)
-
-
-class GroupPlanner:
-    """``plan_skippipe`` on batches of groups, in worker processes where that is allowed (see
-    the module text), else here; a context manager that shuts its workers down."""
-
-    def __init__(self, workers: int | None = None) -> None:
-        self.workers = planning_workers() if workers is None else workers
-        self._pool: ProcessPoolExecutor | None = None
-
-    def start(self) -> bool:
-        """Fork the workers now, if allowed and not yet done; whether work goes to workers."""
-        if self._pool is None and self.workers > 1:
-            allowed = (sys.platform.startswith("linux") and not _IN_WORKER and threading.active_count() == 1
-                       and "fork" in multiprocessing.get_all_start_methods())
-            if not allowed:
-                self.workers = 1
-                return False
-            self._pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("fork"),
-                                             initializer=_mark_worker)
-            self._pool.submit(_mark_worker).result()  # forks every worker (fork context), then a thread starts
-        return self._pool is not None
+class GroupPlanner(WorkerPool):
+    """``plan_skippipe`` on batches of groups (``plan``), in worker processes where that is
+    allowed (see ``pool``), else here; a context manager that shuts its workers down."""
 
     def plan(self, subs: list[Problem], fail_fast: bool = False, **kwargs: Any) -> list[Plan]:
         """``plan_skippipe(sub, **kwargs)`` for every group, in order (handed out largest first);
@@ -115,44 +35,5 @@ class GroupPlanner:
         largest_first = sorted(range(len(subs)), key=lambda i: -subs[i].n)  # the last to finish are small
         pending = {i: self.submit(plan_skippipe, subs[i], **kwargs) for i in largest_first}
         if fail_fast:
-            self._raise_first_error([p.future for p in pending.values()])
+            self.raise_first_error([p.future for p in pending.values()])
         return [pending[i].result() for i in range(len(subs))]
-
-    def _raise_first_error(self, futures: list[Future | None]) -> None:
-        """Wait for ``futures`` until one fails; then stop the workers and raise its error."""
-        running = [f for f in futures if f is not None]
-        done, _ = wait(running, return_when=FIRST_EXCEPTION)
-        errors = [e for f in running if f in done and not f.cancelled() and isinstance(e := f.exception(), UserError)]
-        if errors and len(done) < len(running):  # else the results are taken in order (a dead worker's plans made here)
-            self.stop()
-            raise errors[0]
-
-    def submit(self, work: Callable[..., T], *args: Any, **kwargs: Any) -> Pending[T]:
-        """``work(*args, **kwargs)`` handed to a worker when the planner has workers (forked
-        first; the call must pickle), else made here when its result is asked for."""
-        if self.start():
-            assert self._pool is not None
-            try:
-                return Pending(self._pool.submit(work, *args, **kwargs), work, args, kwargs)
-            except BrokenProcessPool:  # a worker died: the rest is planned here
-                self.close()
-                self.workers = 1
-        return Pending(None, work, args, kwargs)
-
-    def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            self._pool = None
-
-    def stop(self) -> None:
-        """End the workers now, whatever they are running (their calls are lost)."""
-        if self._pool is not None:
-            for process in list((getattr(self._pool, "_processes", None) or {}).values()):
-                process.terminate()
-            self.close()
-
-    def __enter__(self) -> GroupPlanner:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
