@@ -32,13 +32,12 @@ slowest group's.
 5. Islands of clusters up to ``REBALANCE_NODES`` nodes: compute speed alone does not say how
    fast an island serves its microbatches (sweep case 76: an island with 7 one-slot and 7
    two-slot nodes of 22, every path through every stage, was planned at 1.5-1.9 x the others).
-   So the islands are first planned with a small search (``PROBE_BUDGET`` simulations), data
-   nodes are moved by those makespans (``moved_data_nodes``) and the moved split probed again,
-   up to ``REBALANCE_ROUNDS`` times while its slowest island gets quicker; the split that
-   probed best is then planned in full.
-6. A split whose island cannot be planned (say too few or too slow nodes in one island's stage
-   for its share of visits under the TC1 caps) is given up and the cluster planned whole; the
-   first probe stops at the first refusal (``GroupPlanner.plan``'s ``fail_fast``).
+   So the islands are first probed (planned with ``PROBE_BUDGET`` simulations; the safety net
+   queued behind), data nodes moved by those makespans (``moved_data_nodes``) and the moved
+   split probed again, up to ``REBALANCE_ROUNDS`` times while its slowest island gets
+   quicker; the split that probed best is then planned in full. An island that cannot be
+   planned (too few or too slow nodes in a stage for its visits under the TC1 caps, say) gives
+   the split up at once (``GroupPlanner.plan``'s ``fail_fast``): the cluster is planned whole.
 """
 
 from __future__ import annotations
@@ -326,7 +325,7 @@ def decomposed_plan(
     for the stages. ``plan_groups(sub_problems, number_of_groups)`` plans a batch of groups
     (those of distinct costs); ``probe_groups(sub_problems)``, quick plans of a batch, are used
     to move data nodes between islands (none moved without it); ``on_split()`` is called once
-    the cluster is split, before any group is planned."""
+    the cluster is split and probed, before its groups are planned in full."""
     if problem.fixed_stages is not None or problem.workload.stage_sizes is not None:
         return None
     groups, candidate = islands(problem.transfer_s), "islands"
@@ -342,13 +341,13 @@ def decomposed_plan(
     if sizes is None:
         return None
     meta: dict = {"candidate": candidate, "groups": [len(g) for g in groups]}
-    if on_split is not None:
-        on_split()
     if candidate == "islands" and problem.n <= REBALANCE_NODES and probe_groups is not None:
         rows = probed_rows(problem, groups, sizes, probe_groups)
         if rows != sizes:
             sizes = rows
             meta["data_nodes_moved"] = [row[0] for row in rows]
+    if on_split is not None:
+        on_split()
     subs = [sub_problem(problem, nodes, row) for nodes, row in zip(groups, sizes)]
     planned: dict[bytes, Plan] = {}
     plans = distinct_plans(subs, lambda batch: plan_groups(batch, len(groups)), planned)
@@ -369,18 +368,19 @@ def plan_in_groups(
         return planner.plan(subs, seed=seed, time_limit_s=share, budget=GROUP_BUDGET if large else None,
                             thorough=not large)
 
-    probes = [0]
+    net: list[Pending[list[tuple[str, Plan]]]] = []
 
-    def probe_groups(subs: list[Problem]) -> list[Plan]:
+    def submit_net() -> None:  # once, behind the first batch: a worker is idle while the last groups plan
+        if not net:
+            net.append(planner.submit(safety_net, problem, seed, fallbacks))
+
+    def probe_groups(subs: list[Problem]) -> list[Plan]:  # the first batch is given up at its first error
         share = None if time_limit_s is None else 0.02 * time_limit_s
-        probes[0] += 1  # the first batch decides whether the islands are planned apart: given up at its first error
-        return planner.plan(subs, fail_fast=probes[0] == 1, seed=seed, time_limit_s=share, budget=PROBE_BUDGET)
+        return planner.plan(subs, not net, submit_net, seed=seed, time_limit_s=share, budget=PROBE_BUDGET)
 
     with GroupPlanner() as planner:
-        net: list[Pending[list[tuple[str, Plan]]]] = []
-        try:  # the safety net is planned beside the groups (a worker is idle while the last groups plan)
-            split = decomposed_plan(problem, seed, plan_groups, probe_groups,
-                                    lambda: net.append(planner.submit(safety_net, problem, seed, fallbacks)))
+        try:
+            split = decomposed_plan(problem, seed, plan_groups, probe_groups, submit_net)
         except UserError:  # an island cannot carry the visits of its share (or its path rules): plan the cluster whole
             return None
         if split is None:
