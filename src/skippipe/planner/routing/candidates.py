@@ -281,8 +281,9 @@ def slow_link_candidate(
             best = (cand, ev)
 
     orders = [stage_orders(problem, begin) for _, begin in begins]
-    for (_, begin), seqs in zip(begins, orders) if len(begins) > 1 else ():
-        programme_shape(problem, begin, seqs)  # built here once (cached by stage sizes): the workers inherit it
+    if len(begins) > 1:  # each programme's shape built here once (cached by stage sizes): the workers inherit it
+        for (_, begin), seqs in zip(begins, orders):
+            programme_shape(problem, begin, seqs)
     # the searches are independent: side by side in the planning workers (a pool forks in about 0.02 s,
     # one programme takes 4 ms or more)
     with WorkerPool(workers=None if len(begins) > 1 else 1) as pool:

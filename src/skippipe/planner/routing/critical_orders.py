@@ -30,10 +30,8 @@ from dataclasses import dataclass
 from random import Random
 from typing import Protocol
 
-from skippipe.planner.routing.evaluate import Evaluator, Route, Score
+from skippipe.planner.routing.evaluate import Evaluator, Orders, Route, Score
 from skippipe.sim import OpRecord, simulate
-
-Orders = dict[int, list[str]]
 
 # a wait after the node's previous operation shorter than this is that operation's gap (the
 # op gap or the injection gap): the node was busy; a longer one is a wait for a slot

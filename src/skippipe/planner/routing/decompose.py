@@ -376,7 +376,7 @@ def plan_in_groups(
 
     def probe_groups(subs: list[Problem]) -> list[Plan]:  # the first batch is given up at its first error
         share = None if time_limit_s is None else 0.02 * time_limit_s
-        return planner.plan(subs, not net, submit_net, seed=seed, time_limit_s=share, budget=PROBE_BUDGET)
+        return planner.plan(subs, fail_fast=not net, submitted=submit_net, seed=seed, time_limit_s=share, budget=PROBE_BUDGET)
 
     with GroupPlanner() as planner:
         try:

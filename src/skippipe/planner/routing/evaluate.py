@@ -23,6 +23,7 @@ from skippipe.sim import route_finish_times, simulate
 from skippipe.sim_ops import RouteOps
 
 Route = tuple[int, tuple[int, ...]]  # (data node, path)
+Orders = dict[int, list[str]]  # node -> its processing order (operation tokens such as 'F3', 'B3')
 
 
 @dataclass(frozen=True)

@@ -31,9 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from skippipe.planner.routing.critical_orders import critical_orders
-from skippipe.planner.routing.evaluate import Evaluator, Incremental, Route, Score
-
-Orders = dict[int, list[str]]
+from skippipe.planner.routing.evaluate import Evaluator, Incremental, Orders, Route, Score
 
 
 @dataclass

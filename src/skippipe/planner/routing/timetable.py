@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from skippipe.planner.problem import Problem
-from skippipe.planner.routing.evaluate import Route
+from skippipe.planner.routing.evaluate import Orders, Route
 from skippipe.planner.routing.timeline import Timeline
 
 # paths reserved in full per microbatch (ranked by their forward finish and static backward)
@@ -44,8 +44,6 @@ SLOT_RETRIES = 12
 # microbatch, in Python: about 1-2.5 s a timetable at 100 nodes); above it ``estimated_work``
 # decides (``candidates.timetable_candidates``)
 LARGEST = 100
-
-Orders = dict[int, list[str]]
 
 
 @dataclass
