@@ -271,8 +271,8 @@ def _valid_subsets(stages: list[int], hops: int, max_jump: int, limit: int | Non
             return
         for i in range(start, len(stages)):
             s = stages[i]
-            if s - frontier > max_jump:
-                break
+            if s - frontier > max_jump or len(stages) - i < hops - len(chosen):
+                break  # too far, or too few stages left to finish
             yield from rec(i + 1, s, chosen + [s])
 
     yield from rec(0, 0, [])

@@ -16,7 +16,7 @@ from skippipe.costs import CostModel, activation_bytes, scaled_t_layer
 from skippipe.errors import ClusterError, UserError
 from skippipe.limits import FLOAT_LIMIT
 from skippipe.planfile import Constraints, Costs, Microbatch, Plan
-from skippipe.planner.stage_orders import sequence_quotas, stage_sequences
+from skippipe.planner.stage_orders import check_stage_orders, sequence_quotas, stage_sequences
 from skippipe.workload import StageCapsCarry, Workload, tc1_caps
 
 
@@ -147,6 +147,7 @@ def build_problem(cluster: Cluster, workload: Workload, cost_model: CostModel | 
             )
     if workload.path_length > workload.num_stages:
         raise UserError(f"path length L={workload.path_length} is larger than the number of stages S={workload.num_stages}")
+    check_stage_orders(workload.num_stages, workload.path_length, workload.max_swaps, workload.max_jump)
     if cluster.stages is None:
         sizes = workload.sizes_for(cluster.n, (1.0 / forward).tolist() if np.all(forward > 0) else None,
                                    _path_rules_carry(workload))

@@ -149,6 +149,7 @@ def _two_opt(cost: np.ndarray, gs: np.ndarray, want: np.ndarray) -> tuple[list[i
                     continue
                 trial = list(tour)
                 trial[i], trial[j] = trial[j], trial[i]
-                if total(trial) < total(tour) - 1e-12:
+                touched = {i - 1, i, j - 1, j}  # the hops (k, k + 1) that the exchange changes
+                if sum(cost[trial[k], trial[k + 1]] - cost[tour[k], tour[k + 1]] for k in touched) < -1e-12:
                     tour, improved = trial, True
     return tour[:-1], total(tour)

@@ -25,6 +25,7 @@ import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 
 from skippipe.planfile import path_rule_violation
+from skippipe.planner.allocation.tours import best_tour
 from skippipe.planner.problem import Problem
 from skippipe.planner.routing.budget import planning_target_s
 from skippipe.planner.routing.group_places import enough_chain_nodes, leftover_data_nodes, spare_places
@@ -91,6 +92,12 @@ WINDOW_SECONDS = 5.0
 # chains of this many nodes or more (5,040 orders) are tried one way round only, and a group's
 # orders are searched once for all its members (``_best_tours`` from one member)
 HALF_PERMS_FROM = 7
+# chains of this many nodes or more (9! = 362,880 orders: gigabytes of index arrays, and 13! at
+# L = 14 more than the machine's memory) are not enumerated: a group's tour is ``best_tour``'s
+# (Held-Karp up to 13 nodes, 2-opt beyond), estimated at TOUR_S CPU seconds a group (measured:
+# 0.2-2.1 ms for 10-13 nodes, 0.5-3.6 ms for 14-20)
+TOUR_FROM = 9
+TOUR_S = 4e-3
 # the CPU seconds of one member's role estimated and of one chain order's tour (measured on the
 # 2-core machine: 847 nodes with L = 8, 107,624 groups of 2,520 orders in 44.6 s)
 GROUP_MEMBER_S = 2.4e-5
@@ -109,10 +116,13 @@ class _GroupSearch:
         self.gc = gc
         self.eligible = eligible
         self.size = size
-        perms = np.array(list(itertools.permutations(range(size - 1))), dtype=int)
         # long chains: tried one way round, every data node of a group closing the same cycle
         self.one_way = size - 1 >= HALF_PERMS_FROM
-        if self.one_way:
+        self.tours = size - 1 >= TOUR_FROM  # not enumerated: one tour per group (``best_tour``)
+        perms = np.zeros((1, size - 1), dtype=int)
+        if not self.tours:
+            perms = np.array(list(itertools.permutations(range(size - 1))), dtype=int)
+        if self.one_way and not self.tours:
             # a chain and its reverse make the same round trip (hops counted both ways): keep the
             # one that starts lower, which is also the first of the two in this order
             perms = perms[perms[:, 0] < perms[:, -1]]
@@ -130,9 +140,10 @@ class _GroupSearch:
         key = tuple(int(x) for x in nodes)
         if key not in self.known:
             self.known[key] = self._best(nodes)
-            self.work += len(self.perms)
             tours = 1 if self.one_way else self.size
-            self.spent_s += GROUP_MEMBER_S * self.size + GROUP_ORDER_S * tours * len(self.perms)
+            order_s = TOUR_S if self.tours else GROUP_ORDER_S * tours * len(self.perms)
+            self.work += int(order_s / GROUP_ORDER_S) if self.tours else len(self.perms)
+            self.spent_s += GROUP_MEMBER_S * self.size + order_s
         value, members = self.known[key]
         return value, list(members)
 
@@ -179,7 +190,11 @@ class _GroupSearch:
         their order in ``arr``) and back, over ``self.perms`` (one way round for long groups:
         hops count both ways), as (its hop seconds, its members from ``arr[i]`` on); all in one
         gather. A round trip is such a cycle whichever member is the data node, so long groups
-        search their orders from one member only, short ones from each."""
+        search their orders from one member only, short ones from each. From ``TOUR_FROM``
+        chain nodes, ``best_tour`` instead of every order (the starts are then ``[0]``)."""
+        if self.tours:
+            order, cost = best_tour(self.gc.rc.edge[np.ix_(arr, arr)])
+            return [(float(cost), [int(arr[j]) for j in order])]
         k = len(arr)
         others = np.array([[j for j in range(k) if j != i] for i in starts], dtype=int)
         chains = arr[others][:, self.perms]  # [start, order, chain position]

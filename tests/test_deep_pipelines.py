@@ -1,0 +1,118 @@
+"""Deep pipelines and long paths (S and L from 10 to 50): the planner's enumerations stay bounded.
+
+Before, a path of 12 stages made the joint allocation list the 11! orders of every chain (66 s,
+8.9 GB on 20 nodes; 14 stages ran out of 24 GB), 20 stages with L = 20 made the stage orders'
+search walk 13.9 million dead prefixes for 19 orders, and 20 stages with L = 10 (196,529 orders)
+planned for more than five minutes."""
+
+from __future__ import annotations
+
+import itertools
+from unittest.mock import patch
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from skippipe.cli import main
+from skippipe.cluster_gen import random_global_cluster
+from skippipe.errors import ConfigError
+from skippipe.planfile import path_rule_violation, plan_violations
+from skippipe.planner import stage_orders
+from skippipe.planner.allocation.tours import best_tour
+from skippipe.planner.baselines import _valid_subsets
+from skippipe.planner.methods import make_plan
+from skippipe.planner.problem import build_problem
+from skippipe.planner.routing import groups, joint_groups
+from skippipe.planner.stage_orders import MAX_STAGE_ORDERS, check_stage_orders, count_stage_orders, stage_sequences
+from skippipe.workload import Workload
+
+
+@settings(max_examples=150, deadline=None)
+@given(s=st.integers(2, 8), L=st.integers(2, 8), swaps=st.integers(0, 2), jump=st.integers(1, 8),
+       limit=st.integers(0, 300))
+def test_stage_orders_are_every_valid_permutation_and_counted_without_listing(s, L, swaps, jump, limit):
+    L = min(L, s)
+    every = tuple(p for p in itertools.permutations(range(1, s), L - 1) if path_rule_violation(list(p), swaps, jump) is None)
+    assert stage_sequences(s, L, swaps, jump) == every  # the same orders, in the same (sorted) order
+    assert count_stage_orders(s, L, swaps, jump) == len(every)
+    counted = count_stage_orders(s, L, swaps, jump, limit=limit)
+    assert (counted > limit) == (len(every) > limit) and counted <= len(every)
+
+
+def test_long_paths_list_their_few_orders_without_walking_dead_prefixes():
+    calls = []
+
+    def counted(*args):
+        calls.append(1)
+        return path_rule_violation(*args)
+
+    stage_sequences.cache_clear()
+    with patch.object(stage_orders, "path_rule_violation", counted):
+        orders = stage_sequences(20, 20, 1, 4)
+    stage_sequences.cache_clear()
+    # every stage once: in order, or with one adjacent pair swapped (18 ways)
+    assert len(orders) == 19 and all(sorted(o) == list(range(1, 20)) for o in orders)
+    assert len(calls) < 20_000, len(calls)  # 13.9 million without the cut
+    assert _valid_subsets(list(range(1, 30)), 29, 20) is not None
+    assert list(_valid_subsets(list(range(1, 30)), 29, 20)) == [tuple(range(1, 30))]
+
+
+def test_a_workload_with_too_many_stage_orders_is_refused_in_one_line(tmp_path, capsys):
+    assert count_stage_orders(14, 8, 1, 4) == 5_664 <= MAX_STAGE_ORDERS
+    check_stage_orders(14, 8, 1, 4)  # taken
+    try:
+        check_stage_orders(20, 10, 1, 4)
+    except ConfigError as exc:
+        assert exc.key == "path_length" and exc.where == "workload"
+    else:
+        raise AssertionError("196,529 stage orders were taken")
+    out = tmp_path / "plan.json"
+    args = ["plan", "--cluster", "gcp-2025/geo-distributed/40", "--stages", "20", "--path-length", "10", "--out", str(out)]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "more than 6,000 stage orders" in err and "max_jump" in err, err
+    assert not out.exists()
+
+
+def test_long_chains_take_one_exact_tour_per_group_instead_of_every_order():
+    cluster = random_global_cluster(14, seed=5, speed=(0.5, 2.0), memory=(1, 3))
+    problem = build_problem(cluster, Workload(num_stages=10, path_length=10, microbatches_per_data_node=2, n_layers=20))
+    gc = groups.GroupCosts.from_problem(problem)
+    eligible = np.ones(problem.n, dtype=bool)
+    members = [int(x) for x in np.random.default_rng(5).permutation(problem.n)[:10]]
+    toured = joint_groups._GroupSearch(gc, eligible, 10)
+    with patch.object(joint_groups, "TOUR_FROM", 99):
+        listed = joint_groups._GroupSearch(gc, eligible, 10)
+    assert toured.perms.size < 100 and len(listed.perms) == 181_440  # 9! / 2 orders, one way round
+    (a, chain_a), (b, _) = toured.best(members), listed.best(members)
+    assert abs(a - b) <= 1e-9 * max(1.0, abs(b))  # Held-Karp is exact at 10 nodes
+    assert sorted(chain_a) == sorted(members)
+    assert toured.spent_s > 0 and toured.work > 0  # counted against the group search's share
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 10_000), s=st.integers(14, 30))
+def test_long_stage_tours_are_two_opt_and_exchange_optimal_and_cost_what_they_say(seed, s):
+    rng = np.random.default_rng(seed)
+    cost = rng.random((s, s)) * 10
+    cost = np.round(cost + cost.T, 2)
+    sizes = [5, *rng.integers(1, 4, size=s - 1).tolist()]
+    wanted = [5, *rng.permutation(sizes[1:]).tolist()]
+    order, total = best_tour(cost, sizes, wanted)
+    closed = [*order, 0]
+    assert sorted(order) == list(range(s)) and all(sizes[g] == wanted[k] for k, g in enumerate(order))
+    assert abs(total - sum(cost[closed[k], closed[k + 1]] for k in range(s))) < 1e-9
+    for i, j in itertools.combinations(range(1, s), 2):  # no exchange of two groups of one size is cheaper
+        if sizes[order[i]] == sizes[order[j]]:
+            swapped = list(closed)
+            swapped[i], swapped[j] = swapped[j], swapped[i]
+            assert sum(cost[swapped[k], swapped[k + 1]] for k in range(s)) >= total - 1e-9
+
+
+def test_a_deep_pipeline_plans_on_its_joint_allocation():
+    cluster = random_global_cluster(14, seed=3, speed=(0.5, 2.0))
+    problem = build_problem(cluster, Workload(num_stages=12, path_length=12, n_layers=24, microbatches_per_data_node=2))
+    plan = make_plan("skippipe", problem, seed=0)
+    assert plan_violations(plan) == []
+    assert all(len(mb.path) == 11 for mb in plan.microbatches)
