@@ -1,7 +1,7 @@
 """Adversarial planning: random clusters and workloads at the edges of what the tools accept,
 every method, every check that holds for any plan.
 
-Each case is drawn from its number: S = 2..9 stages, L = 2..S, S to 40 nodes, 1 to 17
+Each case is drawn from its number: S = 2..9 stages (``--most-stages``), L = 2..S, S to 40 nodes, 1 to 17
 microbatches per data node, 1 to 6 activation slots (or 1-4 per node), ``max_jump`` 1-8 (raised
 to what L and S need in 85 % of the draws: the others may be refused as drawn), ``max_swaps``
 0-2, compute even, 0.5-2x or 0.05-3x, one site, random places on the globe, or those with 30 %
@@ -18,7 +18,7 @@ Every method plans it with its default settings; a plan must then
 - be planned within ``--timeout`` seconds.
 
     python3 benchmarks/planner_fuzz.py [--first 0] [--count 40] [--methods naive random ...] [--timeout 240]
-        [--microbatches m] [--largest 40]
+        [--microbatches m] [--largest 40] [--most-stages 9]
 
 Prints one line per case and method and a count of failed checks; exits 1 when a check failed.
 """
@@ -52,12 +52,12 @@ def _alarm(signum, frame) -> None:
     raise PlanningTimeout
 
 
-def case(k: int, microbatches: int | None = None, largest: int = 40) -> tuple[str, Problem]:
+def case(k: int, microbatches: int | None = None, largest: int = 40, most_stages: int = 9) -> tuple[str, Problem]:
     """Case ``k``: a description and its problem (``UserError`` where the draw is refused);
     ``microbatches`` per data node instead of the drawn number where given, S to ``largest``
-    nodes (the same draw otherwise)."""
+    nodes, 2 to ``most_stages`` stages (the same draw otherwise)."""
     rng = random.Random(k)
-    S = rng.randint(2, 9)
+    S = rng.randint(2, most_stages)
     L = rng.randint(2, S)
     n = rng.randint(S, largest)
     m = rng.choice([1, 1, 2, 3, 6, 9, 17])
@@ -117,12 +117,13 @@ def main() -> int:
     ap.add_argument("--timeout", type=int, default=240, help="seconds one method may plan one case")
     ap.add_argument("--microbatches", type=int, default=None, help="per data node in every case (default: drawn)")
     ap.add_argument("--largest", type=int, default=40, help="nodes in a case at most")
+    ap.add_argument("--most-stages", type=int, default=9, help="stages in a case at most (S)")
     args = ap.parse_args()
     signal.signal(signal.SIGALRM, _alarm)
     failures = planned = refused = 0
     for k in range(args.first, args.first + args.count):
         try:
-            text, problem = case(k, args.microbatches, args.largest)
+            text, problem = case(k, args.microbatches, args.largest, args.most_stages)
         except UserError as err:
             print(f"case {k}: refused as drawn ({err})")
             continue

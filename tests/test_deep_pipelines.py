@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 
 from skippipe.cli import main
 from skippipe.cluster_gen import random_global_cluster
-from skippipe.errors import ConfigError
+from skippipe.errors import WorkloadError
+from skippipe.limits import MAX_STAGE_ORDERS
 from skippipe.planfile import path_rule_violation, plan_violations
 from skippipe.planner import stage_orders
 from skippipe.planner.allocation.tours import best_tour
@@ -24,7 +25,7 @@ from skippipe.planner.baselines import _valid_subsets
 from skippipe.planner.methods import make_plan
 from skippipe.planner.problem import build_problem
 from skippipe.planner.routing import groups, joint_groups
-from skippipe.planner.stage_orders import MAX_STAGE_ORDERS, check_stage_orders, count_stage_orders, stage_sequences
+from skippipe.planner.stage_orders import check_stage_orders, count_stage_orders, stage_sequences
 from skippipe.workload import Workload
 
 
@@ -63,7 +64,7 @@ def test_a_workload_with_too_many_stage_orders_is_refused_in_one_line(tmp_path, 
     check_stage_orders(14, 8, 1, 4)  # taken
     try:
         check_stage_orders(20, 10, 1, 4)
-    except ConfigError as exc:
+    except WorkloadError as exc:
         assert exc.key == "path_length" and exc.where == "workload"
     else:
         raise AssertionError("196,529 stage orders were taken")

@@ -13,13 +13,9 @@ from functools import lru_cache
 
 import numpy as np
 
-from skippipe.errors import ConfigError
+from skippipe.errors import WorkloadError
+from skippipe.limits import MAX_STAGE_ORDERS
 from skippipe.planfile import path_rule_violation
-
-# the stage orders a planner takes at most. Planning time grows with them (40 nodes, measured on
-# the 2-core machine: 153 orders (S = 9, L = 5) 7 s, 1,511 (S = 12, L = 8) 15 s, 5,664 (S = 14,
-# L = 8) 33 s, 13,362 (S = 16, L = 8) 83 s, 24,694 (S = 16, L = 10) more than 200 s)
-MAX_STAGE_ORDERS = 6_000
 
 
 def count_stage_orders(num_stages: int, path_length: int, max_swaps: int, max_jump: int,
@@ -58,10 +54,10 @@ def _reachable_from(state: tuple[int, bool, int], num_stages: int, max_swaps: in
 
 
 def check_stage_orders(num_stages: int, path_length: int, max_swaps: int, max_jump: int) -> None:
-    """A ``ConfigError`` where the path rules allow more stage orders than ``MAX_STAGE_ORDERS``."""
+    """A ``WorkloadError`` where the path rules allow more stage orders than ``MAX_STAGE_ORDERS``."""
     count = count_stage_orders(num_stages, path_length, max_swaps, max_jump, limit=MAX_STAGE_ORDERS)
     if count > MAX_STAGE_ORDERS:
-        raise ConfigError(
+        raise WorkloadError(
             f"S={num_stages}, L={path_length}, max_swaps={max_swaps} and max_jump={max_jump} allow more than "
             f"{MAX_STAGE_ORDERS:,} stage orders, the most the planner takes: lower max_jump or max_swaps, or choose "
             f"a path length nearer 2 or S", where="workload", key="path_length")
