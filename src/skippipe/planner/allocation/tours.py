@@ -147,9 +147,9 @@ def _two_opt(cost: np.ndarray, gs: np.ndarray, want: np.ndarray) -> tuple[list[i
             for j in range(i + 1, s):
                 if gs[tour[i]] != gs[tour[j]]:
                     continue
-                trial = list(tour)
-                trial[i], trial[j] = trial[j], trial[i]
-                touched = {i - 1, i, j - 1, j}  # the hops (k, k + 1) that the exchange changes
-                if sum(cost[trial[k], trial[k + 1]] - cost[tour[k], tour[k + 1]] for k in touched) < -1e-12:
-                    tour, improved = trial, True
+                swapped = {i: tour[j], j: tour[i]}  # the exchange, judged by the hops (k, k + 1) it changes
+                if sum(cost[swapped.get(k, tour[k]), swapped.get(k + 1, tour[k + 1])] - cost[tour[k], tour[k + 1]]
+                       for k in {i - 1, i, j - 1, j}) < -1e-12:
+                    tour[i], tour[j] = tour[j], tour[i]
+                    improved = True
     return tour[:-1], total(tour)
