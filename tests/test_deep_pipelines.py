@@ -116,3 +116,48 @@ def test_a_deep_pipeline_plans_on_its_joint_allocation():
     plan = make_plan("skippipe", problem, seed=0)
     assert plan_violations(plan) == []
     assert all(len(mb.path) == 11 for mb in plan.microbatches)
+
+
+def test_the_windows_of_a_deep_pipeline_are_found_by_a_bounded_programme():
+    # 5,115 windows of 8 stages (S = 16, L = 9, jump 4); with HiGHS's presolve the programme took
+    # 6.2 s and its 5-s safety net gave up (no windows, so no joint allocation, on this machine only)
+    sizes, groups_, k, jump = [2, 2, *[1] * 14], 2, 8, 4
+    options, solve = [], joint_groups.milp
+
+    def spy(*args, **kwargs):
+        options.append(dict(kwargs["options"]))  # a copy: HiGHS's wrapper pops what it reads
+        return solve(*args, **kwargs)
+
+    with patch.object(joint_groups, "WINDOW_SECONDS", 60.0), patch.object(joint_groups, "milp", spy):
+        windows = joint_groups.stage_windows(sizes, groups_, 0, jump)
+    assert [o["node_limit"] for o in options] == [joint_groups.WINDOW_NODES]  # a count, the same on every machine
+    assert windows is not None and len(windows) == groups_
+    assert all(len(w) == k and path_rule_violation(w, 0, jump) is None for w in windows)
+    used = np.bincount([s for w in windows for s in w], minlength=len(sizes))
+    assert used[1:].tolist() == sizes[1:]
+
+
+def test_stage_quotas_are_kept_and_the_caller_gets_its_own_copy():
+    seqs = stage_sequences(8, 4, 1, 4)
+    caps, total = [0, 5, 5, 5, 5, 5, 5, 5], 10
+    first = stage_orders.sequence_quotas(seqs, caps, total)
+    assert first is not None and sum(first.values()) == total
+    loads = np.zeros(8, dtype=int)
+    for seq, count in first.items():
+        loads[list(seq)] += count
+    assert all(loads[s] <= caps[s] for s in range(1, 8))
+    first.clear()
+    again = stage_orders.sequence_quotas(list(map(list, seqs)), caps, total)
+    assert again == stage_orders.sequence_quotas(seqs, caps, total) != {}
+    assert stage_orders.sequence_quotas(seqs, [0, 1, 1, 1, 1, 1, 1, 1], total) is None  # 30 visits, 7 of room
+
+
+def test_random_plans_with_thousands_of_stage_sets_obey_the_caps():
+    from skippipe.planner.baselines import random_plan
+
+    cluster = random_global_cluster(19, seed=1, speed=(0.5, 2.0))
+    problem = build_problem(cluster, Workload(num_stages=16, path_length=9, max_swaps=0, n_layers=32,
+                                              microbatches_per_data_node=4))
+    assert len(list(_valid_subsets(list(range(1, 16)), 8, 4))) > 1_000  # the sets are sampled first
+    plan = random_plan(problem, seed=0)
+    assert plan_violations(plan) == []

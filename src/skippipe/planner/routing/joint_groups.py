@@ -70,8 +70,9 @@ def _valid_windows(sizes: list[int], groups: int, k: int, max_jump: int) -> list
     rows = np.vstack([uses, np.ones((1, len(valid)))])
     target = np.array([*sizes[1:], groups], dtype=float)
     span = np.array([win[-1] - win[0] for win in valid], dtype=float)
+    options = {"node_limit": WINDOW_NODES, "time_limit": WINDOW_SECONDS, "presolve": len(valid) <= PRESOLVE_WINDOWS}
     res = milp(c=span, constraints=LinearConstraint(rows, target, target), integrality=np.ones(len(valid)),
-               bounds=Bounds(0, groups), options={"time_limit": WINDOW_SECONDS})
+               bounds=Bounds(0, groups), options=options)
     if res.x is None:
         return None
     counts = np.round(res.x).astype(int)
@@ -87,8 +88,13 @@ MANY_STARTS_NODES = 200
 # and none where the first start took a quarter of it (the 100-node cluster: 81,000, then
 # 560,000 with its eight starts)
 GROUP_WORK = 1_000_000
-# a safety net on the windows' programme (seconds of HiGHS; 70 windows at S = 9 take milliseconds)
+# a safety net on the windows' programme (seconds of HiGHS; 70 windows at S = 9 take milliseconds);
+# what bounds it is its branch-and-bound nodes, a count, so that every machine finds the same windows
 WINDOW_SECONDS = 5.0
+WINDOW_NODES = 200
+# HiGHS's presolve alone took 6.2 s on the 5,115 windows of S = 16, L = 9 (the programme without
+# it 0.13 s, the same optimum): beyond this many windows it is left out
+PRESOLVE_WINDOWS = 1_000
 # chains of this many nodes or more (5,040 orders) are tried one way round only, and a group's
 # orders are searched once for all its members (``_best_tours`` from one member)
 HALF_PERMS_FROM = 7

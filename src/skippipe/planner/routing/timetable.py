@@ -135,38 +135,46 @@ def _ranked_paths(
 ) -> list[tuple[float, tuple[int, ...]]]:
     """Per stage order and last node: the path whose forwards finish first, with its estimate
     (that finish, then loss, backwards and hops back without waiting). Orders sharing a prefix
-    share its layers."""
+    share its layers; each layer keeps its nodes' paths and the sums of their hops back."""
     f, T = c.forward, c.transfer
-    layer_of: dict[tuple[int, ...], dict[int, tuple[float, int]]] = {(): {d: (end0, -1)}}
+    layer_of: dict[tuple[int, ...], dict[int, _Reach]] = {(): {d: (end0, (), 0)}}
     out = []
+    tail = c.loss_factor * f[d]
     for seq in seqs:
-        for k in range(1, len(seq) + 1):
-            if seq[:k] not in layer_of:
-                layer_of[seq[:k]] = _next_layer(lines, c, layer_of[seq[:k - 1]], stages[seq[k - 1]], room, work)
-        for x, (fin, _) in layer_of[seq].items():
-            path = [x]
-            for k in range(len(seq) - 1, 0, -1):
-                path.append(layer_of[seq[:k + 1]][path[-1]][1])
-            path.reverse()
-            back = c.backward_factor * (f[path].sum() + f[d])
-            hops = T[d, path[-1]] + sum(T[b, a] for a, b in zip(path, path[1:])) + T[path[0], d]
-            out.append((fin + T[x, d] + c.loss_factor * f[d] + back + hops, tuple(path)))
+        layer = layer_of.get(seq)
+        if layer is None:
+            for k in range(1, len(seq) + 1):
+                if seq[:k] not in layer_of:
+                    layer_of[seq[:k]] = _next_layer(lines, c, layer_of[seq[:k - 1]], stages[seq[k - 1]], room, work)
+            layer = layer_of[seq]
+        for x, (fin, path, hops_back) in layer.items():
+            back = c.backward_factor * (f[list(path)].sum() + f[d])
+            hops = T[d, x] + hops_back + T[path[0], d]
+            out.append((fin + T[x, d] + tail + back + hops, path))
     out.sort()
     return out
 
 
+# a node's best prefix in ``_ranked_paths``: when its forward ends, the path to it, and the sum of
+# that path's hops back (from each node to the one before it, in path order)
+_Reach = tuple[float, tuple[int, ...], float]
+
+
 def _next_layer(
-    lines, c: _Costs, prev: dict[int, tuple[float, int]], nodes: list[int], room: list[int], work: list[int]
-) -> dict[int, tuple[float, int]]:
+    lines, c: _Costs, prev: dict[int, _Reach], nodes: list[int], room: list[int], work: list[int]
+) -> dict[int, _Reach]:
     """One more stage of ``_ranked_paths``' prefix: per node of ``nodes`` with room, when its
-    forward can finish after the best node of ``prev`` (the layer one stage shorter), and that node."""
+    forward can finish after the best node of ``prev`` (the layer one stage shorter), the path
+    through that node, and the path's hops back."""
     f, T = c.forward, c.transfer
-    got: dict[int, tuple[float, int]] = {}
+    got: dict[int, _Reach] = {}
     for x in nodes if prev else ():
         if room[x] <= 0:
             continue
-        arr, par = min(((fin + T[y, x], y) for y, (fin, _) in prev.items()), key=lambda a: a[0])
-        got[x] = (lines[x].earliest_forward(arr, f[x], c.op_gap, c.memory[x]) + f[x], par)
+        arr, y = min(((fin + T[y, x], y) for y, (fin, _, _) in prev.items()), key=lambda a: a[0])
+        _, path, hops_back = prev[y]
+        got[x] = (lines[x].earliest_forward(arr, f[x], c.op_gap, c.memory[x]) + f[x], (*path, x),
+                  hops_back + T[x, y] if path else hops_back)
     work[0] += len(got) * len(prev)
     return got
 
