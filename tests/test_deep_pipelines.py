@@ -11,7 +11,7 @@ import itertools
 from unittest.mock import patch
 
 import numpy as np
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from skippipe.cli import main
@@ -161,3 +161,59 @@ def test_random_plans_with_thousands_of_stage_sets_obey_the_caps():
     assert len(list(_valid_subsets(list(range(1, 16)), 8, 4))) > 1_000  # the sets are sampled first
     plan = random_plan(problem, seed=0)
     assert plan_violations(plan) == []
+
+
+@settings(max_examples=40, deadline=None)
+@given(s=st.integers(8, 14), L=st.integers(4, 9), swaps=st.integers(0, 2), jump=st.integers(2, 6))
+def test_the_routing_takes_a_spread_of_the_orders_without_swaps_first(s, L, swaps, jump):
+    L = min(L, s)
+    if count_stage_orders(s, L, swaps, jump, limit=MAX_STAGE_ORDERS) > MAX_STAGE_ORDERS:
+        return
+    every = stage_sequences(s, L, swaps, jump)
+    kept = stage_orders.spread_orders(s, L, swaps, jump)
+    if len(every) <= stage_orders.ROUTING_ORDERS:
+        assert kept == every
+        return
+    plain = [seq for seq in every if list(seq) == sorted(seq)]
+    assert len(kept) == stage_orders.ROUTING_ORDERS == len(set(kept)) and set(kept) <= set(every)
+    assert list(kept) == sorted(kept)
+    assert sum(1 for seq in kept if list(seq) == sorted(seq)) == min(len(plain), stage_orders.ROUTING_ORDERS)
+
+
+def test_the_routing_takes_every_order_where_the_caps_cannot_carry_the_spread(monkeypatch):
+    monkeypatch.setattr(stage_orders, "ROUTING_ORDERS", 2)
+    stage_orders.spread_orders.cache_clear()
+    try:
+        every = stage_sequences(6, 4, 0, 4)  # three of stages 1..5, ascending
+        kept = stage_orders.spread_orders(6, 4, 0, 4)
+        assert kept == ((1, 2, 3), (1, 4, 5))  # both through stage 1
+        roomy = [0, 9, 9, 9, 9, 9]
+        assert stage_orders.routing_orders(roomy, 4, 4, 0, 4) == kept
+        no_stage_one = [0, 0, 9, 9, 9, 9]  # every microbatch must leave stage 1 out
+        assert stage_orders.routing_orders(no_stage_one, 4, 4, 0, 4) == every
+    finally:
+        stage_orders.spread_orders.cache_clear()
+
+
+@settings(max_examples=15, deadline=None)
+@given(caps=st.lists(st.integers(0, 14), min_size=13, max_size=13), total=st.integers(1, 16))
+@example(caps=[14] * 13, total=16).via("a split exists")
+@example(caps=[0, 0, 0, 0, *[14] * 9], total=3).via("stages 1-4 full: no first visit within the jump")
+def test_stage_quotas_over_thousands_of_orders_split_exactly_when_a_split_exists(caps, total):
+    from scipy.optimize import LinearConstraint, milp
+
+    seqs = stage_sequences(14, 8, 1, 4)  # 5,664 orders: the relaxation first, then a few hundred of them
+    assert len(seqs) > stage_orders.ROUTING_ORDERS
+    stage_caps = [0, *caps]
+    got = stage_orders.sequence_quotas(seqs, stage_caps, total)
+    a = np.zeros((14, len(seqs)))
+    for j, seq in enumerate(seqs):
+        a[list(seq), j] = 1.0
+    rows = [LinearConstraint(a, -np.inf, stage_caps), LinearConstraint(np.ones((1, len(seqs))), total, total)]
+    every = milp(np.zeros(len(seqs)), constraints=rows, integrality=np.ones(len(seqs)), bounds=(0, total))
+    assert (got is None) == (every.x is None)
+    if got is not None:
+        loads = np.zeros(14, dtype=int)
+        for seq, count in got.items():
+            loads[list(seq)] += count
+        assert sum(got.values()) == total and all(loads[s] <= stage_caps[s] for s in range(14))

@@ -19,7 +19,7 @@ from skippipe.planner.routing.fast_allocation import fast_allocation
 from skippipe.planner.routing.fast_packing import packed_allocation
 from skippipe.planner.routing.pool import WorkerPool
 from skippipe.planner.routing.search import SearchLimits
-from skippipe.planner.routing.sequences import RouteCosts
+from skippipe.planner.routing.sequences import RouteCosts, stage_cap_sums
 from skippipe.planner.routing.slow_link_search import SwapWork, searched_allocation
 from skippipe.planner.routing.slow_links import (
     DEALING_MAX_ARCS,
@@ -30,7 +30,7 @@ from skippipe.planner.routing.slow_links import (
 )
 from skippipe.planner.routing.timetable import LARGEST as TIMETABLE_LARGEST
 from skippipe.planner.routing.timetable import estimated_work, timetable_routes
-from skippipe.planner.stage_orders import stage_sequences
+from skippipe.planner.stage_orders import routing_orders
 
 # up to this many nodes timetables are cheap (under 0.2 s each at 30 nodes): two allocations
 # and restarts
@@ -95,7 +95,8 @@ class Candidate:
 def stage_orders(problem: Problem, stages: list[list[int]]) -> tuple[tuple[int, ...], ...]:
     """The valid stage orders of the workload (CC2/CC3) for an allocation with these stages."""
     w = problem.workload
-    seqs = stage_sequences(len(stages), w.path_length, w.max_swaps, w.max_jump)
+    sums = stage_cap_sums(problem.load_caps(stages), stages)
+    seqs = routing_orders(sums, len(stages[0]) * w.microbatches_per_data_node, w.path_length, w.max_swaps, w.max_jump)
     if not seqs:
         raise UserError(f"no stage order of length L={w.path_length} satisfies the path rules (CC2/CC3)")
     return seqs
