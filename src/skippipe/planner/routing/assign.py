@@ -36,7 +36,7 @@ from skippipe.planner.routing.sequences import (
     stage_cap_sums,
     tc1_refusal,
 )
-from skippipe.planner.stage_orders import sequence_quotas, stage_sequences
+from skippipe.planner.stage_orders import ROUTING_ORDERS, sequence_quotas, stage_sequences
 
 
 class Capacity:
@@ -246,9 +246,12 @@ def route_one(
     if remaining > 0:
         room = int(np.minimum(cap.stage_left[1:], remaining).sum()) - (left <= remaining).sum(axis=1)
         ok &= room >= remaining * seqa.shape[1]
-    if cap.width is not None:  # large cluster: the nearest representatives, every order at once
+    if cap.width is not None or len(sequences) > ROUTING_ORDERS:  # every order at once: the nearest
+        # representatives of a large cluster, or thousands of orders (the same sums as one by one)
         usable = tuple(seq for seq, u in zip(sequences, ok.tolist()) if u)
-        layers = nearest(rc, data_node, [cap.reps(s) for s in range(len(cap.stages))], None, cap.width)
+        layers = [cap.reps(s) for s in range(len(cap.stages))]
+        if cap.width is not None:
+            layers = nearest(rc, data_node, layers, None, cap.width)
         best = cheapest_over_sequences(rc, data_node, layers, usable)
     else:
         for seq, u in zip(sequences, ok.tolist()):
