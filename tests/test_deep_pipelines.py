@@ -20,6 +20,7 @@ from skippipe.errors import WorkloadError
 from skippipe.limits import MAX_STAGE_ORDERS
 from skippipe.planfile import path_rule_violation, plan_violations
 from skippipe.planner import stage_orders
+from skippipe.planner.allocation import tours
 from skippipe.planner.allocation.tours import best_tour
 from skippipe.planner.baselines import _valid_subsets
 from skippipe.planner.methods import make_plan
@@ -92,7 +93,7 @@ def test_long_chains_take_one_exact_tour_per_group_instead_of_every_order():
 
 
 @settings(max_examples=30, deadline=None)
-@given(seed=st.integers(0, 10_000), s=st.integers(14, 30))
+@given(seed=st.integers(0, 10_000), s=st.integers(tours.HELD_KARP_MOST + 1, 30))
 def test_long_stage_tours_are_two_opt_and_exchange_optimal_and_cost_what_they_say(seed, s):
     rng = np.random.default_rng(seed)
     cost = rng.random((s, s)) * 10
@@ -217,3 +218,15 @@ def test_stage_quotas_over_thousands_of_orders_split_exactly_when_a_split_exists
         for seq, count in got.items():
             loads[list(seq)] += count
         assert sum(got.values()) == total and all(loads[s] <= stage_caps[s] for s in range(14))
+
+
+def test_a_pair_of_long_chains_too_many_to_list_is_left_out():
+    # two data nodes' chains through 19 of 23 stages: 2 nodes a stage, 524,288 chains per order
+    # (before, the pair search listed them all and S = 24, L = 20 had not planned after 90 s)
+    stages = [[0, 1], *[[2 * s, 2 * s + 1] for s in range(1, 24)]]
+    seqs = stage_sequences(24, 20, 0, 2)
+    pair = [x for s in stages[1:20] for x in s]
+    assert groups._pair_pool(stages, seqs, pair, [[] for _ in stages], per_stage=3) is None
+    short = stage_sequences(24, 3, 0, 2)  # two stages a chain: at most 4 chains per order
+    pool = groups._pair_pool(stages, short, pair, [[] for _ in stages], per_stage=3)
+    assert pool is not None and [len(p) for p in pool[1:20]] == [2] * 19

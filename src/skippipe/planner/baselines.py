@@ -217,8 +217,10 @@ def _random_stage_paths(
     weight = weight / weight.sum() if weight.sum() > 0 else np.full(len(kinds), 1.0 / len(kinds))
     target = np.bincount(rng.choice(len(kinds), size=count, p=weight), minlength=len(kinds))
     counts = None
-    if len(kinds) > _EXACT_KINDS:  # first among the drawn sets and a second draw of as many
-        some = np.union1d(np.flatnonzero(target), rng.choice(len(kinds), size=_EXACT_KINDS, p=weight))
+    if len(kinds) > _EXACT_KINDS:  # first among the drawn sets, a second draw of as many and a split that fits
+        split = sequence_quotas(tuple(kinds), [0, *cap.astype(int).tolist()], count) or {}
+        fits = np.array([j for j, kind in enumerate(kinds) if kind in split], dtype=int)
+        some = np.union1d(np.flatnonzero(target), np.concatenate([rng.choice(len(kinds), size=_EXACT_KINDS, p=weight), fits]))
         counts = _closest_counts([kinds[j] for j in some], target[some], cap, count, num)
         if counts is not None:
             full = [0] * len(kinds)

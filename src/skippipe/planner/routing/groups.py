@@ -326,17 +326,20 @@ def _spares(gc: GroupCosts, stages: list[list[int]], worst: int, free: np.ndarra
 
 def _pair_pool(
     stages: list[list[int]], seqs: tuple[tuple[int, ...], ...], pair: list[int], spares: list[list[int]], per_stage: int,
-) -> list[list[int]]:
+) -> list[list[int]] | None:
     """Per stage, the pool of ``_improve_pairs``: the two chains' nodes plus the ``per_stage``
     first ``spares`` (``_spares``: the free nodes nearest the latest data node), fewer where the
     chains through the pool would number more than ``POOL_CHAINS`` (long paths: 5 nodes a stage
-    over 8 stages are 390,625 chains per stage order)."""
+    over 8 stages are 390,625 chains per stage order); None where the two chains alone are more
+    (two nodes a stage over 19 stages: 524,288 chains per order, and 5,036 orders at S = 24)."""
     k = per_stage
     while True:
         pool = set(pair).union(*(spare[:k] for spare in spares))
         by_stage = [[x for x in s if x in pool] for s in stages]
-        if k == 0 or sum(math.prod(len(by_stage[s]) for s in seq) for seq in seqs) <= POOL_CHAINS:
+        if sum(math.prod(len(by_stage[s]) for s in seq) for seq in seqs) <= POOL_CHAINS:
             return by_stage
+        if k == 0:
+            return None
         k -= 1
 
 
@@ -364,6 +367,8 @@ def _improve_pairs(
         spares = _spares(gc, stages, worst, free)  # free changes only when a pair improves
         for e in sorted(wanted, key=lambda e: (est[e], e)):
             by_stage = _pair_pool(stages, seqs, chains[worst] + chains[e], spares, per_stage)
+            if by_stage is None:
+                continue
             pool = {x for s in by_stage for x in s}
             current = (max(est[worst], est[e]), est[worst] + est[e])
             best = None

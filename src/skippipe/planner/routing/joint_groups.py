@@ -100,8 +100,8 @@ PRESOLVE_WINDOWS = 1_000
 HALF_PERMS_FROM = 7
 # chains of this many nodes or more (9! = 362,880 orders: gigabytes of index arrays, and 13! at
 # L = 14 more than the machine's memory) are not enumerated: a group's tour is ``best_tour``'s
-# (Held-Karp up to 13 nodes, 2-opt beyond), estimated at TOUR_S CPU seconds a group (measured:
-# 0.2-2.1 ms for 10-13 nodes, 0.5-3.6 ms for 14-20)
+# (Held-Karp up to ``tours.HELD_KARP_MOST`` nodes, 2-opt beyond), estimated at TOUR_S CPU seconds a
+# group (measured: 0.2-2.1 ms for 10-13 nodes by Held-Karp, 0.5-3.6 ms for 14-20 by 2-opt)
 TOUR_FROM = 9
 TOUR_S = 4e-3
 # the CPU seconds of one member's role estimated and of one chain order's tour (measured on the
