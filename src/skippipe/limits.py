@@ -21,7 +21,7 @@ MAX_NODES = 1024  # nodes of a cluster (presets, matrices, locations)
 MAX_STAGES = MAX_NODES  # stages of a pipeline (each needs a node)
 # stage orders (after stage 0) that the path rules of a planned workload may allow: planning time
 # grows with them (40 nodes, measured on the 2-core machine on 2026-12-01: 1,511 orders (S = 12,
-# L = 8) 9.4 s, 5,664 (S = 14, L = 8) 10.2 s, 13,362 (S = 16, L = 8) 13.7 s; the day before 13.9,
+# L = 8) 5.4 s, 5,664 (S = 14, L = 8) 5.0 s, 13,362 (S = 16, L = 8) 7.2 s; the day before 13.9,
 # 30.0 and 82.8 s); ``planner.stage_orders.check_stage_orders``
 MAX_STAGE_ORDERS = 6_000
 MAX_MICROBATCHES = 10_000  # microbatches per data node in one iteration
