@@ -4,7 +4,8 @@ A microbatch's path after its data node is an order of ``path_length - 1`` disti
 1..S-1 (CC2/CC3: adjacent swaps only, at most ``max_swaps``, no visit more than ``max_jump``
 stages past the highest reached; ``planfile.path_rule_violation``). The stages' TC1 caps bound
 how many microbatches each order can take; ``sequence_quotas`` splits them. Both sit below
-``planner.problem``, which chooses the stage sizes with them.
+``planner.problem``, which chooses the stage sizes with them. Where the orders number thousands,
+``routing_orders`` gives the routings a spread of them.
 """
 
 from __future__ import annotations
@@ -63,8 +64,9 @@ def check_stage_orders(num_stages: int, path_length: int, max_swaps: int, max_ju
             f"a path length nearer 2 or S", where="workload", key="path_length")
 
 
-# above this many stage orders the routing searches take a spread of them (``routing_orders``);
-# the floors, the plan checks and the allocation keep every order. S <= 9 allows at most 256.
+# above this many stage orders ``skippipe``'s own routings take a spread of them (``routing_orders``);
+# the ``skippipe-no-tc2`` routing, the floors, the plan checks and the allocation keep every order.
+# S <= 9 allows at most 256.
 ROUTING_ORDERS = 300
 
 
