@@ -223,10 +223,9 @@ def _random_stage_paths(
         some = np.union1d(np.flatnonzero(target), np.concatenate([rng.choice(len(kinds), size=_EXACT_KINDS, p=weight), fits]))
         counts = _closest_counts([kinds[j] for j in some], target[some], cap, count, num)
         if counts is not None:
-            full = [0] * len(kinds)
-            for j, k in zip(some, counts):
-                full[j] = k
-            counts = full
+            full = np.zeros(len(kinds), dtype=int)
+            full[some] = counts
+            counts = full.tolist()
     if counts is None:
         counts = _closest_counts(kinds, target, cap, count, num)
     if counts is None:

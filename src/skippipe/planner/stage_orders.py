@@ -10,13 +10,17 @@ how many microbatches each order can take; ``sequence_quotas`` splits them. Both
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import lru_cache
+from typing import TypeVar
 
 import numpy as np
 
 from skippipe.errors import WorkloadError
 from skippipe.limits import MAX_STAGE_ORDERS
 from skippipe.planfile import path_rule_violation
+
+T = TypeVar("T")
 
 
 def count_stage_orders(num_stages: int, path_length: int, max_swaps: int, max_jump: int,
@@ -91,18 +95,20 @@ def spread_orders(num_stages: int, path_length: int, max_swaps: int, max_jump: i
     every = stage_sequences(num_stages, path_length, max_swaps, max_jump)
     if len(every) <= ROUTING_ORDERS:
         return every
-    plain = [seq for seq in every if all(a < b for a, b in zip(seq, seq[1:]))]
-    swapped = [seq for seq in every if not all(a < b for a, b in zip(seq, seq[1:]))]
+    plain: list[tuple[int, ...]] = []
+    swapped: list[tuple[int, ...]] = []
+    for seq in every:
+        (plain if all(a < b for a, b in zip(seq, seq[1:])) else swapped).append(seq)
     kept = _spread(plain, ROUTING_ORDERS)
     kept += _spread(swapped, ROUTING_ORDERS - len(kept))
     return tuple(sorted(kept))
 
 
-def _spread(seqs: list[tuple[int, ...]], count: int) -> list[tuple[int, ...]]:
-    """``count`` of ``seqs`` (all where they are fewer), evenly spaced over the list."""
-    if count >= len(seqs):
-        return list(seqs)
-    return [seqs[i * len(seqs) // count] for i in range(count)] if count > 0 else []
+def _spread(items: Sequence[T], count: int) -> list[T]:
+    """``count`` of ``items`` (all where they are fewer), evenly spaced over the list."""
+    if count >= len(items):
+        return list(items)
+    return [items[i * len(items) // count] for i in range(count)] if count > 0 else []
 
 
 @lru_cache(maxsize=64)
@@ -171,7 +177,7 @@ def _quotas(
         if relaxed.status == 2:
             return None  # not even the linear relaxation has a split
         if relaxed.x is not None:  # first over its orders and a spread of the others
-            columns = np.union1d(np.flatnonzero(relaxed.x > 1e-9), np.arange(ROUTING_ORDERS) * k // ROUTING_ORDERS)
+            columns = np.union1d(np.flatnonzero(relaxed.x > 1e-9), _spread(range(k), ROUTING_ORDERS))
     for cols in ([columns, np.arange(k)] if len(columns) < k else [columns]):
         res = milp(c=np.zeros(len(cols)), constraints=LinearConstraint(a[:, cols], lower, upper),
                    integrality=np.ones(len(cols)), bounds=(0, total))
