@@ -45,8 +45,11 @@ except ImportError as exc:  # pragma: no cover - optional dependency
 TICKS_PER_S = 100  # the model's time unit: 10 ms
 
 
-def ticks(seconds: float) -> int:
-    """Seconds as model ticks, rounded up (the model never runs an operation faster than real)."""
+def ticks(seconds: float, down: bool = False) -> int:
+    """Seconds as model ticks, rounded up (the model never runs an operation faster than real: its
+    schedules are real plans) or, ``down``, rounded down (never slower: its bound is a real bound)."""
+    if down:
+        return int(math.floor(seconds * TICKS_PER_S + 1e-9))
     return int(math.ceil(seconds * TICKS_PER_S - 1e-9))
 
 
@@ -62,12 +65,17 @@ class MicrobatchVars:
 
 
 class ExactModel:
-    """The CP-SAT model of one iteration on a fixed allocation (see the module text)."""
+    """The CP-SAT model of one iteration on a fixed allocation (see the module text): the stages
+    and microbatches of ``plan`` (its paths only as a hint), every schedule within ``horizon_s``
+    (default: twice the plan's makespan and a minute), durations rounded up or, with
+    ``round_down``, down (then its optimum is at most the real one)."""
 
-    def __init__(self, problem: Problem, plan: Plan) -> None:
-        self.problem, self.plan = problem, plan
+    def __init__(self, problem: Problem, plan: Plan, horizon_s: float | None = None, round_down: bool = False) -> None:
+        self.problem, self.plan, self.down = problem, plan, round_down
         self.model = cp_model.CpModel()
-        self.horizon = ticks(2.0 * float(plan.predicted_makespan_s or 0.0) + 60.0)
+        if horizon_s is None:
+            horizon_s = 2.0 * float(plan.predicted_makespan_s or 0.0) + 60.0
+        self.horizon = ticks(horizon_s)
         self.makespan = self.model.NewIntVar(0, self.horizon, "makespan")
         n = problem.n
         self.ops: list[list[cp_model.IntervalVar]] = [[] for _ in range(n)]  # per node: operation + its gap
@@ -89,8 +97,11 @@ class ExactModel:
                 self.model.Add(a.inject <= b.inject)
         self.model.Minimize(self.makespan)
 
+    def _ticks(self, seconds: float) -> int:
+        return ticks(seconds, self.down)
+
     def _op(self, node: int, start: cp_model.IntVar, seconds: float, gap: float, present=None) -> None:
-        size = ticks(seconds + gap)
+        size = self._ticks(seconds + gap)
         if present is None:
             self.ops[node].append(self.model.NewFixedSizeIntervalVar(start, size, ""))
         else:
@@ -113,12 +124,13 @@ class ExactModel:
         f = np.asarray(p.forward_s, dtype=float)
         t = np.asarray(p.transfer_s, dtype=float)
         d, stages, H = mb.data_node, self.plan.stages, self.horizon
+        tk = self._ticks
         v = MicrobatchVars(d, m.NewIntVar(0, H, ""), m.NewIntVar(0, H, ""), m.NewIntVar(0, H, ""), {}, {}, {})
         self._op(d, v.inject, f[d], cm.inject_gap_s)
         self._op(d, v.loss, f[d] * cm.loss_factor, cm.op_gap_s)
         self._op(d, v.last, f[d] * cm.backward_factor, cm.op_gap_s)
-        self._hold(d, v.inject, v.last + ticks(f[d] * cm.backward_factor))
-        m.Add(self.makespan >= v.last + ticks(f[d] * cm.backward_factor))
+        self._hold(d, v.inject, v.last + tk(f[d] * cm.backward_factor))
+        m.Add(self.makespan >= v.last + tk(f[d] * cm.backward_factor))
         used = {}
         for s in range(1, len(stages)):
             for x in stages[s]:
@@ -127,7 +139,7 @@ class ExactModel:
                 self.visits_of[x].append(v.visits[x])
                 self._op(x, v.forward[x], f[x], cm.op_gap_s, v.visits[x])
                 self._op(x, v.backward[x], f[x] * cm.backward_factor, cm.op_gap_s, v.visits[x])
-                self._hold(x, v.forward[x], v.backward[x] + ticks(f[x] * cm.backward_factor), v.visits[x])
+                self._hold(x, v.forward[x], v.backward[x] + tk(f[x] * cm.backward_factor), v.visits[x])
             used[s] = m.NewBoolVar("")
             m.Add(sum(v.visits[x] for x in stages[s]) == used[s])
         m.Add(sum(used.values()) == w.path_length - 1)
@@ -145,19 +157,19 @@ class ExactModel:
                     for y in stages[u]:
                         on = [step, v.visits[y]] + ([v.visits[x]] if s else [])
                         if s == 0:
-                            m.Add(v.forward[y] >= v.inject + ticks(f[d] + t[d, y])).OnlyEnforceIf(on)
-                            m.Add(v.last >= v.backward[y] + ticks(f[y] * cm.backward_factor + t[y, d])).OnlyEnforceIf(on)
+                            m.Add(v.forward[y] >= v.inject + tk(f[d] + t[d, y])).OnlyEnforceIf(on)
+                            m.Add(v.last >= v.backward[y] + tk(f[y] * cm.backward_factor + t[y, d])).OnlyEnforceIf(on)
                         else:
-                            m.Add(v.forward[y] >= v.forward[x] + ticks(f[x] + t[x, y])).OnlyEnforceIf(on)
-                            m.Add(v.backward[x] >= v.backward[y] + ticks(f[y] * cm.backward_factor + t[y, x])).OnlyEnforceIf(on)
+                            m.Add(v.forward[y] >= v.forward[x] + tk(f[x] + t[x, y])).OnlyEnforceIf(on)
+                            m.Add(v.backward[x] >= v.backward[y] + tk(f[y] * cm.backward_factor + t[y, x])).OnlyEnforceIf(on)
             if s:  # s is the last visited stage: on to the loss and back
                 top = m.NewBoolVar("")
                 alone = [used[s]] + [used[r].Not() for r in range(s + 1, S)]
                 m.AddBoolAnd(alone).OnlyEnforceIf(top)
                 m.AddBoolOr([lit.Not() for lit in alone] + [top])
                 for x in stages[s]:
-                    m.Add(v.loss >= v.forward[x] + ticks(f[x] + t[x, d])).OnlyEnforceIf([top, v.visits[x]])
-                    m.Add(v.backward[x] >= v.loss + ticks(f[d] * cm.loss_factor + t[d, x])).OnlyEnforceIf([top, v.visits[x]])
+                    m.Add(v.loss >= v.forward[x] + tk(f[x] + t[x, d])).OnlyEnforceIf([top, v.visits[x]])
+                    m.Add(v.backward[x] >= v.loss + tk(f[d] * cm.loss_factor + t[d, x])).OnlyEnforceIf([top, v.visits[x]])
         return v
 
     def hint(self, plan: Plan) -> None:

@@ -17,6 +17,7 @@ from skippipe.planfile import Microbatch, plan_violations
 from skippipe.planner.allocation import allocate, memory_order, random_allocation, stage_caps
 from skippipe.planner.allocation.memory_order import KEYS, memory_ordered
 from skippipe.planner.allocation.stage_caps import HOLD_GAP, hold_balanced_stages, least_hold_bound
+from skippipe.planner.floors import free_allocation_floor
 from skippipe.planner.methods import make_plan, with_allocation
 from skippipe.planner.problem import build_problem
 from skippipe.planner.routing import candidates
@@ -240,3 +241,32 @@ def test_the_hold_programme_runs_where_its_dealing_can_be_kept(n, seed, speed, m
     assert bool(calls) == solved
     kept = [c.name for c, _ in candidates.memory_candidates(problem, stages, lambda st: [], dealt)]
     assert ("hold-balanced" in kept) == solved
+
+
+def _one_slot_uneven_problem():
+    # exact_small.py case 29: 7 nodes at random places, compute 0.5-2x, one slot on every node
+    # outside stage 0; its exact optimum over every allocation is 42.19-42.25 s
+    cluster = random_global_cluster(7, 29, speed=(0.5, 2.0), memory=(1, 4))
+    return build_problem(cluster, Workload(num_stages=4, path_length=3, microbatches_per_data_node=3, max_swaps=0))
+
+
+def test_one_slot_nodes_of_uneven_speed_get_the_hold_balanced_dealing():
+    problem = _one_slot_uneven_problem()
+    stages = allocate(problem, seed=0)
+    rest = [x for s in stages[1:] for x in s]
+    assert {int(problem.memory[x]) for x in rest} == {1}  # memory alone would not ask for the dealing
+    dealt = candidates.memory_dealings(problem, stages)
+    assert "hold-balanced" in dealt
+    fast_last = min(rest, key=lambda x: problem.forward_s[x])
+    assert fast_last in dealt["hold-balanced"][-1]  # the fastest node, the most visits, holds shortest
+    plan = make_plan("skippipe", problem, seed=0)
+    floor = free_allocation_floor(problem).value
+    assert plan.predicted_makespan_s <= 1.05 * floor  # 63.80 s (1.51 x) without the dealing
+
+
+def test_equal_slots_of_uneven_speed_get_no_dealing_where_the_holds_stay_below_the_floor():
+    # 3 slots everywhere: the holds per slot (about 30 s) stay below the data-node floor (about 47 s)
+    problem = build_problem(random_global_cluster(24, 1, speed=(0.5, 1.7)), Workload(num_stages=7, path_length=4))
+    stages = allocate(problem, seed=0)
+    assert not candidates._holds_differ(problem, stages, [x for s in stages[1:] for x in s])
+    assert "hold-balanced" not in candidates.memory_dealings(problem, stages)

@@ -24,7 +24,8 @@ adds candidates built for the timeline:
    balanced routing on the allocation with its non-data nodes dealt to the stages by memory
    (``allocation.memory_order``: nodes with few slots late in the paths, where a visit holds
    its slot shortly), and on the hold-balanced dealing (``stage_caps.hold_balanced_stages``:
-   least largest slot hold per slot; searched only as the best start);
+   least largest slot hold per slot; searched only as the best start; also where memory is
+   equal but speed is not and the holds may bind, ``candidates._holds_differ``);
 5. data-node exchanges (only when the cluster fixes no allocation, compute is uneven and N <= 100):
    the best balanced-routed allocation with its latest data nodes exchanged for other nodes
    while the simulated balanced routing improves (``routing.data_nodes``; above 32 nodes a

@@ -1,0 +1,38 @@
+"""``benchmarks/exact_small.py``: every allocation is tried, the exact model's rounded-down bound
+is beaten by no plan, and the floor over every allocation stays below the exact optimum."""
+
+from __future__ import annotations
+
+import math
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from bench_scripts import load_benchmark
+from skippipe.cluster_gen import random_global_cluster, single_site_cluster
+from skippipe.workload import Workload
+
+
+def test_every_allocation_once():
+    bench = load_benchmark("exact_small")
+    sizes = [2, 2, 1, 1]
+    seen = {tuple(tuple(s) for s in stages) for stages in bench.allocations(sizes, 6)}
+    assert len(seen) == math.factorial(6) // (2 * 2)  # 6! / (2! 2! 1! 1!)
+    for stages in seen:
+        assert [len(s) for s in stages] == sizes and sorted(x for s in stages for x in s) == list(range(6))
+
+
+@settings(max_examples=4, deadline=None)
+@given(seed=st.integers(0, 10_000), one_site=st.booleans())
+def test_no_plan_beats_the_exact_bound_and_the_floor_stays_below_the_optimum(seed, one_site):
+    bench = load_benchmark("exact_small")
+    uneven = {"speed": (0.5, 2.0), "memory": (1, 3)}
+    cluster = (single_site_cluster(5, seed, **uneven) if one_site
+               else random_global_cluster(5, seed, broken=0.2, **uneven))
+    case = bench.SmallCase("test", cluster, Workload(num_stages=4, path_length=3, microbatches_per_data_node=2,
+                                                     max_swaps=0))
+    row = bench.run_case(case, seconds=20.0)
+    assert row["exact"]
+    assert row["optimum_at_least"] <= row["optimum_at_most"] + 1e-9
+    assert row["optimum_at_least"] <= row["skippipe"] + 1e-9  # the bound is a bound: skippipe's plan is a plan
+    assert row["floor"] <= row["optimum_at_most"] + 1e-9  # the floor is a floor: the optimum's plan is a plan
