@@ -26,7 +26,6 @@ optimum at most (both against the optimum's proven lower bound).
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import math
 import time
@@ -44,6 +43,7 @@ from skippipe.planfile import Microbatch, plan_violations
 from skippipe.planner.floors import allocation_data_node_floor, free_allocation_floor
 from skippipe.planner.methods import make_plan
 from skippipe.planner.problem import Problem, build_problem
+from skippipe.planner.routing.every_allocation import allocations
 from skippipe.sim import simulate
 from skippipe.workload import Workload
 
@@ -81,21 +81,6 @@ def small_cases(
         workload = Workload(num_stages=4, path_length=3, microbatches_per_data_node=m, max_swaps=0)
         cases.append(SmallCase(kind, cluster, workload))
     return cases
-
-
-def allocations(sizes: list[int], n: int):
-    """Every allocation of ``n`` nodes to stages of ``sizes`` (each stage's nodes sorted)."""
-
-    def fill(rest: tuple[int, ...], k: int):
-        if k == len(sizes):
-            yield []
-            return
-        for chosen in itertools.combinations(rest, sizes[k]):
-            left = tuple(x for x in rest if x not in chosen)
-            for tail in fill(left, k + 1):
-                yield [list(chosen), *tail]
-
-    yield from fill(tuple(range(n)), 0)
 
 
 def serial_horizon_s(problem: Problem) -> float:

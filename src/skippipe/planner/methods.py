@@ -7,7 +7,8 @@
 - ``naive``            index-order stages, least-loaded stage sets and nodes (``baselines.naive_plan``)
 - ``skippipe-no-tc2``  SkipPipe paths without collision awareness (``routing.schedule.plan_no_tc2``)
 - ``skippipe``         SkipPipe with collision-aware paths (``routing.schedule.plan_skippipe``; clusters
-                       in parts: ``routing.decompose``, ``routing.site_groups``)
+                       in parts: ``routing.decompose``, ``routing.site_groups``; small clusters
+                       also on their best-ranked allocations: ``routing.every_allocation``)
 
 Torch-free.
 """
@@ -26,7 +27,8 @@ from skippipe.planner.allocation import allocate
 from skippipe.planner.baselines import full_plan, naive_plan, random_plan
 from skippipe.planner.problem import Problem
 from skippipe.planner.routing.decompose import plan_in_groups
-from skippipe.planner.routing.schedule import plan_no_tc2
+from skippipe.planner.routing.every_allocation import few_allocations, ranked_allocations
+from skippipe.planner.routing.schedule import plan_no_tc2, plan_skippipe, quickest
 from skippipe.planner.routing.site_groups import plan_whole_or_grouped
 from skippipe.sim import SimResult, simulate
 
@@ -71,7 +73,12 @@ def _no_tc2(problem: Problem, seed: int, time_limit_s: float | None) -> Plan:
 def _skippipe(problem: Problem, seed: int, time_limit_s: float | None) -> Plan:
     fallbacks = functools.partial(_fallbacks, problem, seed=seed)  # it pickles: a worker may run the search
     split = plan_in_groups(problem, seed, time_limit_s, fallbacks)  # islands, large clusters of sites
-    return split if split is not None else plan_whole_or_grouped(problem, seed, time_limit_s, fallbacks)
+    plan = split if split is not None else plan_whole_or_grouped(problem, seed, time_limit_s, fallbacks)
+    if time_limit_s is None and few_allocations(problem):  # a small cluster: its best-ranked allocations too
+        others = [("every allocation", plan_skippipe(with_allocation(problem, stages), seed=seed))
+                  for stages in ranked_allocations(problem)]
+        plan = quickest(plan, others)
+    return plan
 
 
 def _fallbacks(problem: Problem, stages: list[list[int]], *, seed: int) -> list[tuple[str, Plan]]:
