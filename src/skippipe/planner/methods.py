@@ -27,7 +27,7 @@ from skippipe.planner.allocation import allocate
 from skippipe.planner.baselines import full_plan, naive_plan, random_plan
 from skippipe.planner.problem import Problem
 from skippipe.planner.routing.decompose import plan_in_groups
-from skippipe.planner.routing.every_allocation import few_allocations, ranked_allocations
+from skippipe.planner.routing.every_allocation import ranked_allocations, ranked_budget
 from skippipe.planner.routing.schedule import plan_no_tc2, plan_skippipe, quickest
 from skippipe.planner.routing.site_groups import plan_whole_or_grouped
 from skippipe.sim import SimResult, simulate
@@ -74,8 +74,9 @@ def _skippipe(problem: Problem, seed: int, time_limit_s: float | None) -> Plan:
     fallbacks = functools.partial(_fallbacks, problem, seed=seed)  # it pickles: a worker may run the search
     split = plan_in_groups(problem, seed, time_limit_s, fallbacks)  # islands, large clusters of sites
     plan = split if split is not None else plan_whole_or_grouped(problem, seed, time_limit_s, fallbacks)
-    if time_limit_s is None and few_allocations(problem):  # a small cluster: its best-ranked allocations too
-        others = [("every allocation", plan_skippipe(with_allocation(problem, stages), seed=seed))
+    budget = ranked_budget(problem) if time_limit_s is None else None
+    if budget is not None:  # a small cluster: its best-ranked allocations too
+        others = [("every allocation", plan_skippipe(with_allocation(problem, stages), seed=seed, budget=budget))
                   for stages in ranked_allocations(problem)]
         plan = quickest(plan, others)
     return plan
