@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import math
 import time
 
 import numpy as np
@@ -30,6 +29,7 @@ from scheduler_sweep import case
 from skippipe.planner.methods import make_plan
 from skippipe.planner.problem import build_problem
 from skippipe.planner.routing.candidates import stage_orders
+from skippipe.planner.routing.every_allocation import allocation_count, allocations
 from skippipe.planner.routing.fast_allocation import fast_stages
 from skippipe.planner.routing.slow_links import min_cost_routing, slow_link_cutoff, slow_link_mask
 
@@ -48,8 +48,7 @@ def main() -> None:
     cutoff, slow = slow_link_cutoff(problem.transfer_s), slow_link_mask(problem.transfer_s)
     if cutoff is None or slow is None:
         raise SystemExit(f"case {args.case}: no slow links")
-    rest = n - sizes[0]
-    count = math.comb(n, sizes[0]) * math.factorial(rest) // math.prod(math.factorial(s) for s in sizes[1:])
+    count = allocation_count(sizes)
     seqs = stage_orders(problem, [[]] * len(sizes))
     print(f"case {args.case} ({kind}, N={n}, S={len(sizes)}, L={workload.path_length}, sizes {sizes}): "
           f"{count} allocations, slow links above {cutoff:.2f} s")
@@ -69,14 +68,11 @@ def main() -> None:
                 return
         what = f"{tried} data-node sets"
     else:
-        for data in itertools.combinations(range(n), sizes[0]):
-            others = [x for x in range(n) if x not in data]
-            for order in _orderings(others, sizes[1:]):
-                stages = [list(data), *order]
-                tried += 1
-                if min_cost_routing(problem, stages, seqs, slow, integral=False, fast_only=True) is not None:
-                    print(f"allocation {stages} routes over fast links alone ({tried} tried)")
-                    return
+        for stages in allocations(sizes, n):
+            tried += 1
+            if min_cost_routing(problem, stages, seqs, slow, integral=False, fast_only=True) is not None:
+                print(f"allocation {stages} routes over fast links alone ({tried} tried)")
+                return
         what = f"{tried} allocations"
     t = np.asarray(problem.transfer_s, dtype=float)
     floor = float((t + t.T)[slow].min())
@@ -84,17 +80,6 @@ def main() -> None:
     print(f"no allocation of the {what} routes over fast links alone ({time.process_time() - t0:.1f} s CPU): "
           f"every plan crosses a slow link both ways, makespan >= {floor:.2f} s; "
           f"skippipe {plan.predicted_makespan_s:.2f} s = {plan.predicted_makespan_s / floor:.3f} x that")
-
-
-def _orderings(nodes: list[int], sizes: list[int]):
-    """Every split of ``nodes`` into ordered groups of ``sizes`` (each group a sorted set)."""
-    if not sizes:
-        yield []
-        return
-    for first in itertools.combinations(nodes, sizes[0]):
-        left = [x for x in nodes if x not in first]
-        for tail in _orderings(left, sizes[1:]):
-            yield [list(first), *tail]
 
 
 if __name__ == "__main__":
