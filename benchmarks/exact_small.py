@@ -126,11 +126,10 @@ def run_case(case: SmallCase, seconds: float) -> dict:
     ours = float(make_plan("skippipe", problem, seed=0).predicted_makespan_s)
     plan_s = time.perf_counter() - start
     horizon = serial_horizon_s(problem)
-    allocs = sorted(allocations(list(problem.stage_sizes), problem.n),
-                    key=lambda st: allocation_data_node_floor(problem, st))
+    allocs = sorted(((allocation_data_node_floor(problem, st), st) for st in allocations(list(problem.stage_sizes), problem.n)),
+                    key=lambda item: item[0])  # each allocation's data-node floor, least first
     best_plan, least_bound, exact, solved = ours, math.inf, True, 0
-    for stages in allocs:
-        cheap = allocation_data_node_floor(problem, stages)
+    for cheap, stages in allocs:
         if cheap >= best_plan:
             least_bound = min(least_bound, cheap)
             continue
