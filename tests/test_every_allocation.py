@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from skippipe.cluster_gen import single_site_cluster
@@ -17,6 +17,7 @@ from skippipe.workload import Workload
 
 
 @given(sizes=st.lists(st.integers(1, 3), min_size=1, max_size=4).filter(lambda s: sum(s) <= 8))
+@example(sizes=[2, 2, 1, 1])  # the exact small clusters' sizes
 def test_every_allocation_once_and_the_count_says_how_many(sizes):
     n = sum(sizes)
     seen = [tuple(tuple(s) for s in stages) for stages in allocations(sizes, n)]
