@@ -18,7 +18,10 @@ site and one slot per node: 162.96 s whole against 263.04 s in groups), so both 
    ``decompose.GROUP_BUDGET`` simulations; data nodes moved between groups by the groups'
    makespans (``decompose.moved_data_nodes``, the same rounds as for islands, then up to
    ``SINGLE_ROUNDS`` single moves from the slowest group); with uneven compute the slowest
-   group's plan then tried against the look-ahead timetable (``looked_ahead``); merged.
+   group's plan then tried against the look-ahead timetable (``looked_ahead``), in the room
+   that the groups' estimate leaves of the planning-time target (``grouped_wall_estimate``
+   with the thorough start: each group's search counted by its operations, so many
+   microbatches leave less room); merged.
 
 The quicker plan is kept. Under a time limit the whole search gets half of it and the group
 plans share 40 %. Not tried on one site (no hop dearer than ``decompose.TIGHT`` x the
@@ -48,7 +51,7 @@ from skippipe.errors import UserError
 from skippipe.planfile import Plan
 from skippipe.planner.problem import Problem
 from skippipe.planner.routing import decompose
-from skippipe.planner.routing.budget import PLANNING_SHARE, default_budget, planning_target_s
+from skippipe.planner.routing.budget import PLANNING_SHARE, SIM_OP_S, default_budget, operations, planning_target_s
 from skippipe.planner.routing.candidates import stage_orders
 from skippipe.planner.routing.lookahead import lookahead_routes, lookahead_work
 from skippipe.planner.routing.pool import DEFAULT_WORKERS
@@ -116,24 +119,33 @@ def has_sites(transfer_s: np.ndarray) -> bool:
     return float(np.median(mates)) >= SITE_MATES
 
 
-def batch_wall_s(subs: list[Problem]) -> float:
-    """The estimated wall clock of planning the groups ``subs`` with the quicker start (see
-    ``GROUP_PLAN_S``) on ``DEFAULT_WORKERS`` workers: the larger of the largest group's plan and
-    the batch's CPU shared by the workers. A count, so the same on every machine."""
-    cpu = [GROUP_PLAN_S * sub.n**2 * sub.num_stages for sub in subs]
+def group_plan_s(sub: Problem, thorough: bool = False) -> float:
+    """The estimated CPU seconds of one group's plan: the quicker start (``GROUP_PLAN_S``), and
+    with the ``thorough`` start of a group below ``DECOMPOSE_NODES`` nodes also its search of
+    ``GROUP_BUDGET`` simulations (``SIM_OP_S`` per operation), which grows with the microbatches."""
+    search = decompose.GROUP_BUDGET * SIM_OP_S * operations(sub) if thorough else 0.0
+    return GROUP_PLAN_S * sub.n**2 * sub.num_stages + search
+
+
+def batch_wall_s(subs: list[Problem], thorough: bool = False) -> float:
+    """The estimated wall clock of planning the groups ``subs`` (``group_plan_s``) on
+    ``DEFAULT_WORKERS`` workers: the larger of the largest group's plan and the batch's CPU
+    shared by the workers. A count, so the same on every machine."""
+    cpu = [group_plan_s(sub, thorough) for sub in subs]
     return max(max(cpu, default=0.0), sum(cpu) / DEFAULT_WORKERS)
 
 
-def grouped_wall_estimate(problem: Problem, groups: list[list[int]]) -> float:
+def grouped_wall_estimate(problem: Problem, groups: list[list[int]], thorough: bool = False) -> float:
     """The estimated wall clock of what ``grouped_plan`` always plans: every group of distinct
     costs once, and ``SINGLE_ROUNDS`` single moves (two groups each, at most the largest's
-    plan); infinite when the stages cannot be dealt over the groups. The rounds of many moves
-    come on top, while they fit (``grouped_plan``'s ``room_s``)."""
+    plan), each group with the ``thorough`` start or not (``group_plan_s``); infinite when the
+    stages cannot be dealt over the groups. The rounds of many moves come on top, while they fit
+    (``grouped_plan``'s ``room_s``)."""
     sizes = decompose.apportion(problem.stage_sizes, groups, 1.0 / problem.forward_s)
     if sizes is None:
         return float("inf")
     subs = list(decompose.fresh_groups([decompose.sub_problem(problem, g, row) for g, row in zip(groups, sizes)], ()).values())
-    return batch_wall_s(subs) + SINGLE_ROUNDS * max(batch_wall_s([sub]) for sub in subs)
+    return batch_wall_s(subs, thorough) + SINGLE_ROUNDS * max(batch_wall_s([sub], thorough) for sub in subs)
 
 
 def site_groups(problem: Problem) -> list[list[int]] | None:
@@ -194,7 +206,7 @@ def grouped_plan(
         return None
     if time_limit_s is None and room_s is None and not problem.even_compute:  # up to DECOMPOSE_NODES nodes
         target = planning_target_s(problem.n)
-        room = PLANNING_SHARE * target - grouped_wall_estimate(problem, groups)
+        room = PLANNING_SHARE * target - grouped_wall_estimate(problem, groups, thorough)
         parts = looked_ahead(subs, parts, seed, room if problem.n >= HALF_BUDGET_NODES else min(room, LOOKAHEAD_SHARE * target))
     meta = {"candidate": CANDIDATE, "groups": [len(g) for g in groups], "group_data_nodes": [row[0] for row in rows]}
     plan = decompose.merge(problem, parts, seed, meta)
