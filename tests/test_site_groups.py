@@ -163,7 +163,7 @@ def test_the_thorough_estimate_counts_the_search_and_its_microbatches(large_path
         groups = G.site_groups(sites)
         sizes = decompose.apportion(sites.stage_sizes, groups, 1.0 / sites.forward_s)
         sub = decompose.sub_problem(sites, groups[0], sizes[0])
-        search = decompose.GROUP_BUDGET * budget.SIM_OP_S * budget.operations(sub)
+        search = (decompose.GROUP_BUDGET * budget.SIM_OP_S + G.THOROUGH_START_OP_S) * budget.operations(sub)
         assert G.group_plan_s(sub, thorough=True) == pytest.approx(G.group_plan_s(sub) + search)
         estimates.append(G.grouped_wall_estimate(sites, groups, thorough=True))
         assert estimates[-1] > G.grouped_wall_estimate(sites, groups)
@@ -177,14 +177,46 @@ def test_rounds_of_many_moves_only_while_their_estimate_fits(large_path, monkeyp
     asked: list[bool] = []
     probed_rows = decompose.probed_rows
 
-    def spy(*args):
+    def spy(*args, **kwargs):
         def affordable(rows):
             asked.append(args[5](rows))
             return asked[-1]
-        return probed_rows(*args[:5], affordable)
+        return probed_rows(*args[:5], affordable, **kwargs)
 
     monkeypatch.setattr(decompose, "probed_rows", spy)
     plan = G.grouped_plan(problem, groups, seed=0, time_limit_s=None, thorough=False, room_s=room_s)
     assert plan is not None and plan_violations(plan) == []
     # two rounds of many moves with room; without, the first is refused and no other asked for
     assert asked == ([True, True] if room_s > 0 else [False])
+
+
+@pytest.mark.parametrize("cpu_s", [0.0, 1e9])
+def test_below_48_nodes_a_split_after_the_first_only_while_its_cpu_fits_beside_the_whole_search(
+    small_split, monkeypatch, cpu_s
+):
+    # the whole search runs beside the groups with its full budget: the groups get one worker, and
+    # each split after the first (many moves or one) is probed only while its plans' counted CPU
+    # (``group_plan_s``) fits the target's share there (``benchmarks/planning_time_heavy.py``
+    # case 25)
+    problem = build_problem(random_global_cluster(30, seed=1, sites=4, speed=(0.5, 2.0), memory=(1, 4)), WORKLOAD)
+    groups = G.site_groups(problem)
+    counted: list[bool] = []
+    monkeypatch.setattr(G, "group_plan_s", lambda sub, thorough=False: counted.append(thorough) or cpu_s)
+    asked: list[bool] = []
+    probed_rows = decompose.probed_rows
+
+    def spy(*args, **kwargs):
+        assert kwargs == {"single_free": False}
+
+        def affordable(rows):
+            asked.append(args[5](rows))
+            return asked[-1]
+        return probed_rows(*args[:5], affordable, **kwargs)
+
+    monkeypatch.setattr(decompose, "probed_rows", spy)
+    plan = G.grouped_plan(problem, groups, seed=0, time_limit_s=None)
+    assert plan is not None and plan_violations(plan) == []
+    assert counted and set(counted) == {True}  # each group counted with its thorough start
+    # with room every split asked for is probed; without, the first of many moves and the first
+    # single move are refused, and nothing else is asked for
+    assert asked == ([True] * len(asked) if cpu_s == 0 else [False, False]) and asked

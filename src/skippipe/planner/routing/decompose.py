@@ -286,14 +286,14 @@ def distinct_plans(
 def probed_rows(
     problem: Problem, groups: list[list[int]], sizes: list[list[int]],
     probe_groups: Callable[[list[Problem]], list[Plan]], single_rounds: int = 0,
-    affordable: Callable[[list[list[int]]], bool] | None = None,
+    affordable: Callable[[list[list[int]]], bool] | None = None, single_free: bool = True,
 ) -> list[list[int]]:
     """The stage sizes per island whose probed plans have the quickest slowest island: the
     apportioned ones, then data nodes moved by the probed makespans (see the module text), then
     up to ``single_rounds`` single data nodes moved from the slowest island (``moved_data_nodes``
     with ``single``). ``probe_groups`` plans a batch of islands (the ones not probed yet);
     ``affordable(rows)``, where given, says whether a split of many moves may be probed (else
-    the single moves follow)."""
+    the single moves follow), and with ``single_free`` False also a split of a single move."""
     probed: dict[bytes, Plan] = {}
 
     def spans(rows: list[list[int]]) -> list[float]:
@@ -304,7 +304,7 @@ def probed_rows(
     for single, rounds in ((False, REBALANCE_ROUNDS), (True, single_rounds)):
         for _ in range(rounds):
             moved = moved_data_nodes(rows, now, single)
-            if moved == rows or not (single or affordable is None or affordable(moved)):
+            if moved == rows or not ((single and single_free) or affordable is None or affordable(moved)):
                 break
             try:
                 then = spans(moved)

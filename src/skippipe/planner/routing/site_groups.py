@@ -17,7 +17,9 @@ site and one slot per node: 162.96 s whole against 263.04 s in groups), so both 
    joined; 16, or 12 below 32 nodes), stage sizes by ``decompose.apportion``, each group planned with
    ``decompose.GROUP_BUDGET`` simulations; data nodes moved between groups by the groups'
    makespans (``decompose.moved_data_nodes``, the same rounds as for islands, then up to
-   ``SINGLE_ROUNDS`` single moves from the slowest group); with uneven compute the slowest
+   ``SINGLE_ROUNDS`` single moves from the slowest group; below ``HALF_BUDGET_NODES`` nodes
+   each split after the first only while the groups' plans (``group_plan_s``) fit on the
+   worker the whole search leaves them); with uneven compute the slowest
    group's plan then tried against the look-ahead timetable (``looked_ahead``), in the room
    that the groups' estimate leaves of the planning-time target (``grouped_wall_estimate``
    with the thorough start: each group's search counted by its operations, so many
@@ -97,6 +99,13 @@ LOOKAHEAD_S_PER_WORK = 3e-6
 # ``grouped_wall_estimate`` counts (fuzz case 568, 37 nodes: 5.8 s without the look-ahead, 10.0 s
 # with it on a group of 16 nodes and 119 microbatches, whose plan was not kept)
 LOOKAHEAD_SHARE = 0.3
+# the CPU of a group's thorough start (its candidate routings) per operation of an iteration,
+# beyond GROUP_PLAN_S x n^2 x S: the start routes every microbatch. Fitted on the 2-core machine
+# (2026-12-02) to 44 thorough group plans of 600 simulations (16-24 nodes, S = 6-9, 6 and 17
+# microbatches per data node, ``benchmarks/planning_time_heavy.py`` cases 0-29): their CPU is
+# 0.37-1.19 x the estimate with 6 microbatches (median 0.80), 0.47-1.30 x with 17 (median 1.08);
+# without it 0.51-1.76 x and 0.79-2.30 x
+THOROUGH_START_OP_S = 2e-3
 
 
 def whole_budget(problem: Problem) -> int | None:
@@ -121,10 +130,11 @@ def has_sites(transfer_s: np.ndarray) -> bool:
 
 def group_plan_s(sub: Problem, thorough: bool = False) -> float:
     """The estimated CPU seconds of one group's plan: the quicker start (``GROUP_PLAN_S``), and
-    with the ``thorough`` start of a group below ``DECOMPOSE_NODES`` nodes also its search of
-    ``GROUP_BUDGET`` simulations (``SIM_OP_S`` per operation), which grows with the microbatches."""
-    search = decompose.GROUP_BUDGET * SIM_OP_S * operations(sub) if thorough else 0.0
-    return GROUP_PLAN_S * sub.n**2 * sub.num_stages + search
+    with the ``thorough`` start of a group below ``DECOMPOSE_NODES`` nodes also that start's
+    routings (``THOROUGH_START_OP_S``) and its search of ``GROUP_BUDGET`` simulations
+    (``SIM_OP_S``), both per operation of an iteration, so they grow with the microbatches."""
+    per_op = decompose.GROUP_BUDGET * SIM_OP_S + THOROUGH_START_OP_S if thorough else 0.0
+    return GROUP_PLAN_S * sub.n**2 * sub.num_stages + per_op * operations(sub)
 
 
 def batch_wall_s(subs: list[Problem], thorough: bool = False) -> float:
@@ -191,20 +201,35 @@ def grouped_plan(
             subs, lambda batch: plans.plan(batch, seed=seed, time_limit_s=share, budget=budget, thorough=thorough),
             planned)
 
+    # below HALF_BUDGET_NODES nodes, under the default budget, the whole search runs beside the
+    # groups on one of the two default workers: every split after the first is probed only while
+    # the CPU of the groups' plans so far and its own (``group_plan_s``) fits the target's share
+    # on the other worker. Without it heavy workloads overran the target: 38 nodes, S = 6, L = 4,
+    # 17 microbatches per data node (``benchmarks/planning_time_heavy.py`` case 25) planned in
+    # 12.8 s, the whole search 8.0 s and two splits of two groups 9.8 s beside it
+    beside = room_s is None and time_limit_s is None and problem.n < HALF_BUDGET_NODES
+
+    def cost_s(subs: list[Problem]) -> float:
+        return sum(group_plan_s(sub, thorough) for sub in subs) if beside else batch_wall_s(subs, thorough)
+
+    if beside:
+        first = decompose.fresh_groups([decompose.sub_problem(problem, g, r) for g, r in zip(groups, sizes)], ())
+        room_s = PLANNING_SHARE * planning_target_s(problem.n) - cost_s(list(first.values()))
+
     def affordable(rows: list[list[int]]) -> bool:
         nonlocal room_s
         fresh = decompose.fresh_groups([decompose.sub_problem(problem, g, r) for g, r in zip(groups, rows)], planned)
-        room_s -= batch_wall_s(list(fresh.values()))
+        room_s -= cost_s(list(fresh.values()))
         return room_s >= 0.0
 
     try:
         rows = decompose.probed_rows(problem, groups, sizes, plan_groups, SINGLE_ROUNDS,
-                                     None if room_s is None else affordable)
+                                     None if room_s is None else affordable, single_free=not beside)
         subs = [decompose.sub_problem(problem, nodes, row) for nodes, row in zip(groups, rows)]
         parts = list(zip(groups, plan_groups(subs)))
     except UserError:  # a group the caps or the path rules cannot serve: the whole plan stands
         return None
-    if time_limit_s is None and room_s is None and not problem.even_compute:  # up to DECOMPOSE_NODES nodes
+    if time_limit_s is None and (room_s is None or beside) and not problem.even_compute:  # up to DECOMPOSE_NODES nodes
         target = planning_target_s(problem.n)
         room = PLANNING_SHARE * target - grouped_wall_estimate(problem, groups, thorough)
         parts = looked_ahead(subs, parts, seed, room if problem.n >= HALF_BUDGET_NODES else min(room, LOOKAHEAD_SHARE * target))
