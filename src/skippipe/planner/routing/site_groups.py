@@ -184,7 +184,9 @@ def grouped_plan(
     start of each group's search (``plan_skippipe``); ``planner`` plans the groups (by default
     in this process, one after another); ``room_s``: where given, the estimated wall clock
     (``batch_wall_s``) the rounds of many moves may take together, the rounds that would not
-    fit are left out (the single moves follow)."""
+    fit are left out (the single moves follow). Below ``HALF_BUDGET_NODES`` nodes under the
+    default budget the room is set here instead: the target's share on the one worker the whole
+    search leaves, which the first split and then every split probed, single moves too, take from."""
     sizes = decompose.apportion(problem.stage_sizes, groups, 1.0 / problem.forward_s)
     if sizes is None:
         return None
