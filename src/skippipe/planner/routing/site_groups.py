@@ -211,27 +211,27 @@ def grouped_plan(
     # 12.8 s, the whole search 8.0 s and two splits of two groups 9.8 s beside it
     beside = room_s is None and time_limit_s is None and problem.n < HALF_BUDGET_NODES
 
+    def fresh(rows: list[list[int]], seen) -> list[Problem]:  # the groups of a split not planned yet
+        return list(decompose.fresh_groups([decompose.sub_problem(problem, g, r) for g, r in zip(groups, rows)], seen).values())
+
     def cost_s(subs: list[Problem]) -> float:
         return sum(group_plan_s(sub, thorough) for sub in subs) if beside else batch_wall_s(subs, thorough)
 
-    if beside:
-        first = decompose.fresh_groups([decompose.sub_problem(problem, g, r) for g, r in zip(groups, sizes)], ())
-        room_s = PLANNING_SHARE * planning_target_s(problem.n) - cost_s(list(first.values()))
+    left_s = PLANNING_SHARE * planning_target_s(problem.n) - cost_s(fresh(sizes, ())) if beside else room_s
 
     def affordable(rows: list[list[int]]) -> bool:
-        nonlocal room_s
-        fresh = decompose.fresh_groups([decompose.sub_problem(problem, g, r) for g, r in zip(groups, rows)], planned)
-        room_s -= cost_s(list(fresh.values()))
-        return room_s >= 0.0
+        nonlocal left_s
+        left_s -= cost_s(fresh(rows, planned))
+        return left_s >= 0.0
 
     try:
         rows = decompose.probed_rows(problem, groups, sizes, plan_groups, SINGLE_ROUNDS,
-                                     None if room_s is None else affordable, single_free=not beside)
+                                     None if left_s is None else affordable, single_free=not beside)
         subs = [decompose.sub_problem(problem, nodes, row) for nodes, row in zip(groups, rows)]
         parts = list(zip(groups, plan_groups(subs)))
     except UserError:  # a group the caps or the path rules cannot serve: the whole plan stands
         return None
-    if time_limit_s is None and (room_s is None or beside) and not problem.even_compute:  # up to DECOMPOSE_NODES nodes
+    if time_limit_s is None and room_s is None and not problem.even_compute:  # up to DECOMPOSE_NODES nodes
         target = planning_target_s(problem.n)
         room = PLANNING_SHARE * target - grouped_wall_estimate(problem, groups, thorough)
         parts = looked_ahead(subs, parts, seed, room if problem.n >= HALF_BUDGET_NODES else min(room, LOOKAHEAD_SHARE * target))
