@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from skippipe.bounds import _data_node_trips, data_node_floor, trip_floor
-from skippipe.cluster_gen import single_site_cluster
+from skippipe.cluster_gen import random_global_cluster, single_site_cluster
 from skippipe.costs import BACKWARD_FACTOR, INJECT_GAP_S, LOSS_FACTOR, OP_GAP_S
 from skippipe.planfile import load_plan
+from skippipe.planner.allocation import random_allocation
+from skippipe.planner.floors import allocation_data_node_floor, allocation_floor_reaches
 from skippipe.planner.methods import make_plan
 from skippipe.planner.problem import build_problem
-from skippipe.serial_floor import STEP_MICROBATCHES, kinds_schedule, serial_trip_floor
+from skippipe.serial_floor import STEP_MICROBATCHES, kinds_schedule, serial_trip_floor, serial_trip_reaches
 from skippipe.sim import simulate
 from skippipe.workload import Workload
 
@@ -143,3 +146,36 @@ def test_plan_with_many_microbatches_gets_its_bound(capsys, tmp_path):
     plan = load_plan(out)
     assert len(plan.microbatches) == 400 * len(plan.stages[0])
     assert simulate(plan, record=False).lower_bound_s > 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.floats(0.2, 4.0), st.floats(0.0, 30.0), st.floats(0.0, 30.0), st.integers(1, 8), st.integers(1, 4),
+       st.floats(0.01, 5.0), st.booleans())
+def test_reaching_a_value_is_the_floor_compared_with_it(forward, out_lag, back_lag, m, slots, by, above):
+    floor = serial_trip_floor(forward, out_lag, back_lag, m, slots, *FACTORS)
+    assume(floor is not None)
+    value = floor + by if above else floor - by
+    assert serial_trip_reaches(forward, out_lag, back_lag, m, slots, *FACTORS, value) == (floor >= value)
+
+
+def test_with_many_microbatches_a_far_value_is_decided_in_few_steps():
+    # 17 microbatches, 3 slots: the search of the floor runs into its step cap (None); whether
+    # the floor reaches a value well above the closed form, or below the data node's own work,
+    # is still decided: at the first schedule found, or at the root's bound
+    assert serial_trip_floor(1.0, 5.0, 7.0, 17, 3, *FACTORS) is None
+    closed = trip_floor((1 + LOSS_FACTOR + BACKWARD_FACTOR) + 12.0, 1.0, BACKWARD_FACTOR, 17, 3, INJECT_GAP_S, OP_GAP_S)
+    assert not serial_trip_reaches(1.0, 5.0, 7.0, 17, 3, *FACTORS, 1.2 * closed)
+    found, steps = kinds_schedule(1.0, [(17, 5.0, 7.0)], 3, *FACTORS, cutoff=1.2 * closed, first_below=True)
+    assert found < 1.2 * closed and steps < 1_000
+    own = 17 * (1 + LOSS_FACTOR + BACKWARD_FACTOR)
+    assert serial_trip_reaches(1.0, 5.0, 7.0, 17, 3, *FACTORS, own)
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.integers(0, 10_000), st.integers(3, 5), st.integers(1, 6), st.sampled_from([0.5, 0.999, 1.001, 1.5]))
+def test_an_allocation_reaches_a_value_where_its_data_node_floor_does(seed, stages, m, factor):
+    cluster = random_global_cluster(10, seed=seed, speed=(0.5, 2.0), memory=(1, 3))
+    problem = build_problem(cluster, Workload(num_stages=stages, path_length=3, microbatches_per_data_node=m))
+    alloc = random_allocation(problem, np.random.default_rng(seed))
+    floor = allocation_data_node_floor(problem, alloc)
+    assert allocation_floor_reaches(problem, alloc, factor * floor) == (floor >= factor * floor)

@@ -6,6 +6,7 @@ import dataclasses
 import itertools
 
 import numpy as np
+import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
@@ -15,7 +16,7 @@ from skippipe.planner import methods
 from skippipe.planner.allocation import allocate, random_allocation
 from skippipe.planner.allocation.stage_caps import largest_hold_per_slot
 from skippipe.planner.problem import Problem, build_problem
-from skippipe.planner.routing import candidates
+from skippipe.planner.routing import candidates, slow_links
 from skippipe.planner.routing.candidates import Candidate, remembered_dealings, slow_link_candidate, stage_orders
 from skippipe.planner.routing.evaluate import Evaluator
 from skippipe.planner.routing.pool import WORKERS_ENV, WorkerPool
@@ -26,7 +27,9 @@ from skippipe.planner.routing.slow_links import (
     DEALING_MAX_ARCS,
     _shape,
     arc_count,
+    integral_paths,
     min_cost_routing,
+    programme_s,
     programme_size,
     slow_link_cutoff,
     slow_link_mask,
@@ -240,8 +243,9 @@ def test_memory_dealings_above_the_integer_limit_are_kept_where_the_relaxation_i
     # the routing kept is an optimal integer one: its relaxation is integral and costs the same
     seqs = stage_orders(problem, cand.stages)
     exact = min_cost_routing(problem, cand.stages, seqs, slow, integral=True)
-    loose = min_cost_routing(problem, cand.stages, seqs, slow, integral=False, read_integral=True)
-    assert loose.paths is not None and abs(loose.cost - exact.cost) <= 1e-6 * exact.cost
+    loose = min_cost_routing(problem, cand.stages, seqs, slow, integral=False)
+    assert integral_paths(problem, cand.stages, seqs, loose.flow) is not None
+    assert abs(loose.cost - exact.cost) <= 1e-6 * exact.cost
 
 
 def test_above_the_integer_limit_a_fractional_relaxation_gives_no_routing():
@@ -251,8 +255,8 @@ def test_above_the_integer_limit_a_fractional_relaxation_gives_no_routing():
     for _ in range(40):
         alloc = random_allocation(problem, rng)
         seqs = stage_orders(problem, alloc)
-        loose = min_cost_routing(problem, alloc, seqs, slow, integral=False, read_integral=True)
-        if loose is not None and loose.paths is None:
+        loose = min_cost_routing(problem, alloc, seqs, slow, integral=False)
+        if loose is not None and integral_paths(problem, alloc, seqs, loose.flow) is None:
             break
     else:
         raise AssertionError("no allocation with a fractional relaxation")
@@ -260,6 +264,37 @@ def test_above_the_integer_limit_a_fractional_relaxation_gives_no_routing():
     assert slow_link_allocation(frozen, alloc, seqs, slow, integer_arcs=0) is None
     found = slow_link_allocation(frozen, alloc, seqs, slow)
     assert found is not None and found[0] == alloc
+
+
+def test_an_integral_relaxation_is_kept_without_the_integer_programme(monkeypatch):
+    problem = _problem(16, seed=3, stages=6, length=4, m=4, swaps=1, memory=2)
+    slow = slow_link_mask(problem.transfer_s)
+    rng = np.random.default_rng(1)
+    for _ in range(40):
+        alloc = random_allocation(problem, rng)
+        seqs = stage_orders(problem, alloc)
+        loose = min_cost_routing(problem, alloc, seqs, slow, integral=False)
+        if loose is not None and loose.slow_nodes and integral_paths(problem, alloc, seqs, loose.flow) is not None:
+            break
+    else:
+        raise AssertionError("no allocation over slow links with an integral relaxation")
+    exact = min_cost_routing(problem, alloc, seqs, slow, integral=True)
+    frozen = dataclasses.replace(problem, cluster=dataclasses.replace(problem.cluster, stages=alloc))
+
+    def no_integer_programme(*args, **kwargs):
+        raise AssertionError("the integer programme was solved")
+
+    monkeypatch.setattr(slow_links, "milp", no_integer_programme)
+    work = SwapWork()
+    found = slow_link_allocation(frozen, alloc, seqs, slow, work)
+    assert found is not None and found[0] == alloc
+    rc = RouteCosts.from_problem(problem)
+    paths = found[1]
+    assert sorted(paths) == sorted(alloc[0]) and all(len(paths[d]) == problem.workload.microbatches_per_data_node
+                                                    for d in alloc[0])
+    cost = sum(rc.round_trip(d, p) - rc.own[d] for d in paths for p in paths[d])
+    assert abs(cost - exact.cost) <= 1e-6 * exact.cost  # an optimal integer routing
+    assert work.spent_s == pytest.approx(programme_s(alloc, seqs))  # one relaxation, no integer programme charged
 
 
 def test_the_programme_is_built_once_per_stage_sizes_and_renamed():

@@ -47,7 +47,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from skippipe.bounds import data_node_floor, trip_floor
+from skippipe.bounds import data_node_floor, data_node_floor_reaches, trip_floor
 from skippipe.cluster import Cluster
 from skippipe.costs import CostModel
 from skippipe.errors import UserError
@@ -74,8 +74,8 @@ ROUTED_SETS = 20_000  # data-node sets ranked for the routed floor at most
 ROUTED_SOLVES = 8  # routing programmes solved at most, the least-floor sets first (0.05-0.7 s each)
 ROUTED_WORK = 12_000  # and their variables (paths x data nodes) summed at most
 
-__all__ = ["trip_floor", "allocation_data_node_floor", "free_allocation_floor", "plan_free_floor", "keeps_cluster_caps",
-           "FreeFloor"]
+__all__ = ["trip_floor", "allocation_data_node_floor", "allocation_floor_reaches", "free_allocation_floor",
+           "plan_free_floor", "keeps_cluster_caps", "FreeFloor"]
 
 
 def allocation_data_node_floor(problem: Problem, stages: list[list[int]]) -> float:
@@ -84,6 +84,13 @@ def allocation_data_node_floor(problem: Problem, stages: list[list[int]]) -> flo
     w = problem.workload
     return data_node_floor(stages, problem.costs(), list(problem.memory), w.microbatches_per_data_node,
                            w.path_length, w.max_swaps, w.max_jump)
+
+
+def allocation_floor_reaches(problem: Problem, stages: list[list[int]], value: float) -> bool:
+    """Whether ``allocation_data_node_floor`` is at least ``value`` (``bounds.data_node_floor_reaches``)."""
+    w = problem.workload
+    return data_node_floor_reaches(stages, problem.costs(), list(problem.memory), w.microbatches_per_data_node,
+                                   w.path_length, w.max_swaps, w.max_jump, value)
 
 
 @dataclass

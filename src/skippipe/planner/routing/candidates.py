@@ -141,9 +141,9 @@ def _holds_differ(problem: Problem, stages: list[list[int]], rest: list[int]) ->
     if len({float(problem.forward_s[x]) for x in rest}) <= 1:
         return False
     from skippipe.planner.allocation.stage_caps import largest_hold_per_slot
-    from skippipe.planner.floors import allocation_data_node_floor
+    from skippipe.planner.floors import allocation_floor_reaches
 
-    return largest_hold_per_slot(problem, stages) > allocation_data_node_floor(problem, stages)
+    return not allocation_floor_reaches(problem, stages, largest_hold_per_slot(problem, stages))
 
 
 def _hold_may_help(problem: Problem, stages: list[list[int]], orders: list[list[list[int]]]) -> bool:

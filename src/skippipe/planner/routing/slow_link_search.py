@@ -21,9 +21,11 @@ from below (Lagrange: each microbatch's cheapest way with the caps priced in).
   18 nodes, 1,169 programmes -> 749.)
 
 The integer routing of the result is the candidate's start; the local search of
-``plan_skippipe`` goes on from there. Above ``integer_arcs`` arcs no integer programme is
-solved: the result is kept only where its relaxation is integral, which makes that an optimal
-integer routing. Deterministic.
+``plan_skippipe`` goes on from there. Where the result's relaxation is integral, that is an
+optimal integer routing and no integer programme is solved (on a 39-node cluster with S = 9,
+L = 7 and 17 microbatches per data node the integer programme of the same routing took 2.7 s,
+its relaxation 0.19 s); above ``integer_arcs`` arcs none is solved at all: the result is kept
+only where its relaxation is integral. Deterministic.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from skippipe.planner.routing.slow_links import (
     Routing,
     arc_cost,
     arc_count,
+    integral_paths,
     min_cost_routing,
     programme_s,
     programme_shape,
@@ -206,7 +209,7 @@ def slow_link_allocation(
     own = RouteCosts.from_problem(problem).own * problem.workload.microbatches_per_data_node
 
     def relaxed(st: list[list[int]]) -> tuple[float, set[int], Routing | None]:
-        found = min_cost_routing(problem, st, seqs, slow, integral=False, read_integral=arcs > integer_arcs)
+        found = min_cost_routing(problem, st, seqs, slow, integral=False)
         if found is None:
             return np.inf, set(), None
         return found.cost + float(own[st[0]].sum()), found.slow_nodes, found
@@ -240,9 +243,10 @@ def slow_link_allocation(
         if found is None:
             break  # no exchange helps, or the programmes are spent
         best, value, ends, loose = found
-    if arcs > integer_arcs:  # no integer programme: the relaxation's routing where it is integral
+    paths = None if loose is None or loose.flow is None else integral_paths(problem, best, seqs, loose.flow)
+    if paths is not None or arcs > integer_arcs:  # the relaxation's routing where it is integral
         work.spent_s += evaluations * programme_s(best, seqs)
-        return None if loose is None or loose.paths is None else (best, loose.paths)
+        return None if paths is None else (best, paths)
     work.spent_s += (evaluations + INTEGER_FACTOR) * programme_s(best, seqs)
     routing = min_cost_routing(problem, best, seqs, slow, integral=True)
     if routing is None or routing.paths is None:

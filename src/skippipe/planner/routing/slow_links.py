@@ -95,7 +95,7 @@ class _Arcs:
 @dataclass
 class Routing:
     cost: float  # seconds of static round trips (hops both ways, compute of the visits)
-    paths: dict[int, list[tuple[int, ...]]] | None  # per data node (integer routings; integral relaxations read)
+    paths: dict[int, list[tuple[int, ...]]] | None  # per data node (integer routings only)
     slow_nodes: set[int]  # nodes at either end of a slow link the routing uses
     flow: np.ndarray | None = None  # the relaxation's flow per arc, by position (None: integer routings)
     # the relaxation's prices (dual values, >= 0) of the TC1 caps, by position (None: integer routings)
@@ -104,11 +104,11 @@ class Routing:
 
 def min_cost_routing(
     problem: Problem, stages: list[list[int]], seqs: tuple[tuple[int, ...], ...], slow: np.ndarray | None,
-    integral: bool, fast_only: bool = False, read_integral: bool = False,
+    integral: bool, fast_only: bool = False,
 ) -> Routing | None:
     """The cheapest routing of every data node's m microbatches under the TC1 caps (see the
     module text); ``slow``: the slow links (``slow_link_mask``), with ``fast_only`` never used.
-    ``read_integral``: a relaxation whose flows come out whole is read back as paths too.
+    A relaxation's flow is not read back as paths (``integral_paths`` does that).
     None when none exists or the programme has more than ``MAX_ARCS`` arcs."""
     m = problem.workload.microbatches_per_data_node
     count = arc_count(stages, seqs)
@@ -136,9 +136,20 @@ def min_cost_routing(
     flow = rounded if integral else x
     hops = (flow > 1e-6) & on_slow
     ends = {int(v) for v in np.concatenate([arcs.tail[hops], arcs.head[hops]])}
-    whole = integral or (read_integral and bool(np.all(np.abs(x - rounded) <= INTEGRAL_TOL)))
-    paths = _decompose(arcs, rounded.astype(int), stages[0]) if whole else None
+    paths = _decompose(arcs, rounded.astype(int), stages[0]) if integral else None
     return Routing(float(cost @ flow), paths, ends, None if integral else x, prices)
+
+
+def integral_paths(problem: Problem, stages: list[list[int]], seqs: tuple[tuple[int, ...], ...],
+                   flow: np.ndarray) -> dict[int, list[tuple[int, ...]]] | None:
+    """The paths of a relaxation's ``flow`` (by position) of ``stages`` where every arc's flow is
+    within ``INTEGRAL_TOL`` of a whole number, per data node; else None. An integral optimum of
+    the relaxation is an optimal integer routing."""
+    rounded = np.round(flow)
+    if not np.all(np.abs(flow - rounded) <= INTEGRAL_TOL):
+        return None
+    node = np.array([x for s in stages for x in s], dtype=int)
+    return _decompose(programme_shape(problem, stages, seqs).arcs_of(node), rounded.astype(int), stages[0])
 
 
 def arc_cost(rc: RouteCosts, tail: np.ndarray, head: np.ndarray, last: np.ndarray) -> np.ndarray:
