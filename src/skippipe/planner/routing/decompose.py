@@ -26,7 +26,7 @@ slowest group's.
 3. Each group is planned with ``plan_skippipe`` (its own allocation inside the group's stage
    sizes, ``GROUP_BUDGET`` simulations and the quicker start, ``thorough=False``; islands of a
    cluster up to ``DECOMPOSE_NODES`` nodes the default search); groups with the same costs are
-   planned once, in worker processes (``workers``), beside the safety net (``safety_net``).
+   planned once, in worker processes (``workers``), beside the safety net (``schedule.safety_net``).
 4. ``merge``: node ids and microbatch ids mapped back, processing orders renamed; a node's TC1
    cap is its group's (visits in proportion to speed inside the group).
 5. Islands of clusters up to ``REBALANCE_NODES`` nodes: compute speed alone does not say how
@@ -35,7 +35,8 @@ slowest group's.
    So the islands are first probed (planned with ``PROBE_BUDGET`` simulations; the safety net
    queued behind), data nodes moved by those makespans (``moved_data_nodes``) and the moved
    split probed again, up to ``REBALANCE_ROUNDS`` times while its slowest island gets
-   quicker; the split that probed best is then planned in full. An island that cannot be
+   quicker; the split that probed best is then planned in full, each island going on from
+   the start its probe built (``kept_start``). An island that cannot be
    planned (too few or too slow nodes in a stage for its visits under the TC1 caps, say) gives
    the split up at once (``GroupPlanner.plan``'s ``fail_fast``): the cluster is planned whole.
 """
@@ -54,8 +55,9 @@ from skippipe.errors import UserError
 from skippipe.planfile import Microbatch, Plan
 from skippipe.planner.problem import Problem
 from skippipe.planner.routing.group_sizes import chain_sized_groups, cheapest_hop, one_site
+from skippipe.planner.routing.kept_start import KeptStart
 from skippipe.planner.routing.pool import Pending
-from skippipe.planner.routing.schedule import plan_no_tc2, quickest
+from skippipe.planner.routing.schedule import quickest, safety_net
 from skippipe.planner.routing.slow_links import slow_link_mask
 from skippipe.planner.routing.workers import GroupPlanner
 from skippipe.sim import simulate
@@ -362,11 +364,13 @@ def plan_in_groups(
     """Method ``skippipe`` on a cluster that splits into sites (``decomposed_plan``): the merged
     plan, unless the ``skippipe-no-tc2`` plan or a fallback on its allocation is quicker (the
     same safety net as ``plan_skippipe``); None when the cluster does not split."""
+    kept: dict[bytes, KeptStart] = {}  # the probes' starts, by the island's costs
+
     def plan_groups(subs: list[Problem], groups: int) -> list[Plan]:
         share = None if time_limit_s is None else 0.8 * time_limit_s / groups
         large = problem.n > DECOMPOSE_NODES  # small islands: the default search
         return planner.plan(subs, seed=seed, time_limit_s=share, budget=GROUP_BUDGET if large else None,
-                            thorough=not large)
+                            thorough=not large, starts=[kept.get(cost_key(sub)) for sub in subs])
 
     net: list[Pending[list[tuple[str, Plan]]]] = []
 
@@ -376,7 +380,10 @@ def plan_in_groups(
 
     def probe_groups(subs: list[Problem]) -> list[Plan]:  # the first batch is given up at its first error
         share = None if time_limit_s is None else 0.02 * time_limit_s
-        return planner.plan(subs, fail_fast=not net, submitted=submit_net, seed=seed, time_limit_s=share, budget=PROBE_BUDGET)
+        probed = planner.probe(subs, fail_fast=not net, submitted=submit_net, seed=seed, time_limit_s=share,
+                               budget=PROBE_BUDGET)
+        kept.update((cost_key(sub), start) for sub, (_, start) in zip(subs, probed) if start is not None)
+        return [plan for plan, _ in probed]
 
     with GroupPlanner() as planner:
         try:
@@ -389,12 +396,3 @@ def plan_in_groups(
     split.predicted_makespan_s = float(simulate(split, record=False, bound=False).makespan_s)
     return quickest(split, others)
 
-
-def safety_net(
-    problem: Problem, seed: int, fallbacks: Callable[[list[list[int]]], list[tuple[str, Plan]]]
-) -> list[tuple[str, Plan]]:
-    """The simulated plans a plan of the groups must beat (the safety net of ``plan_skippipe``,
-    for plans of the whole cluster in parts): the ``skippipe-no-tc2`` plan and the fallbacks
-    on its allocation."""
-    base = plan_no_tc2(problem, seed=seed)
-    return [("no-tc2", base), *fallbacks(base.stages)]

@@ -97,6 +97,7 @@ from skippipe.planner.routing.candidates import (
 )
 from skippipe.planner.routing.evaluate import Evaluator, Route
 from skippipe.planner.routing.joint_groups import group_allocation
+from skippipe.planner.routing.kept_start import KeptStart
 from skippipe.planner.routing.ordered import improve_orders, ordered_chains
 from skippipe.planner.routing.search import RouteSearch, SearchLimits
 from skippipe.planner.routing.slow_link_search import SwapWork
@@ -167,6 +168,7 @@ def plan_no_tc2(problem: Problem, seed: int = 0, time_limit_s: float | None = No
 def plan_skippipe(
     problem: Problem, seed: int = 0, time_limit_s: float | None = None, budget: int | None = None,
     fallbacks: Callable[[list[list[int]]], list[tuple[str, Plan]]] | None = None, thorough: bool = True,
+    kept: KeptStart | None = None, on_start: Callable[[KeptStart], None] | None = None,
 ) -> Plan:
     """Collision-aware paths and processing orders (method ``skippipe``).
 
@@ -178,11 +180,21 @@ def plan_skippipe(
     ``fallbacks(stages)``, given the allocation of ``seed``, returns simulated
     plans of other methods (a safety net): one that is quicker is returned instead, relabelled
     ``skippipe`` with its origin in ``meta.candidate``.
+
+    Under no time limit ``on_start`` is given the first start as built (``KeptStart``), and a
+    start ``kept`` from an earlier call on the same problem with the same seed and ``thorough``
+    is gone on from instead of being built again (the same plan, sooner).
     """
     deadline = _deadline(time_limit_s)
     default = budget is None and deadline is None and problem.fixed_stages is None
     budget = budget if budget is not None else default_budget(problem)
-    first = _start(problem, seed, budget, deadline, time_limit_s, thorough)
+    if kept is not None and deadline is None and kept.fits(seed, thorough):
+        stages, cands, evaluators, limits = kept.restored(problem, budget, deadline)
+        first = _Start(seed, stages, cands, evaluators, limits, kept.slow_link_s)
+    else:
+        first = _start(problem, seed, budget, deadline, time_limit_s, thorough)
+    if on_start is not None and deadline is None:
+        on_start(KeptStart.of(seed, thorough, first.stages, first.cands, first.limits.spent, first.slow_link_s))
     start = first
     # under the default budget, the next allocation seeds' starts too where they fit (the search goes on from the quickest)
     for k in range(1, allocation_starts(problem, budget, first.slow_link_s) if default else 1):
@@ -321,6 +333,16 @@ def _searchable(cands: list[Candidate]) -> list[Candidate]:
 def _search(problem: Problem, cand: Candidate, ev: Evaluator, seed: int, limits: SearchLimits) -> RouteSearch:
     """A local search on the paths and orders of ``cand`` (scored by ``ev``) within ``limits``."""
     return RouteSearch(ev, cand.stages, problem.load_caps(cand.stages), stage_orders(problem, cand.stages), seed, limits)
+
+
+def safety_net(
+    problem: Problem, seed: int, fallbacks: Callable[[list[list[int]]], list[tuple[str, Plan]]]
+) -> list[tuple[str, Plan]]:
+    """The simulated plans a plan of the groups must beat (the safety net of ``plan_skippipe``,
+    for plans of the whole cluster in parts): the ``skippipe-no-tc2`` plan and the fallbacks
+    on its allocation."""
+    base = plan_no_tc2(problem, seed=seed)
+    return [("no-tc2", base), *fallbacks(base.stages)]
 
 
 def quickest(plan: Plan, others: list[tuple[str, Plan]]) -> Plan:

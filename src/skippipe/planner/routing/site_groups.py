@@ -57,7 +57,7 @@ from skippipe.planner.routing.budget import PLANNING_SHARE, SIM_OP_S, default_bu
 from skippipe.planner.routing.candidates import stage_orders
 from skippipe.planner.routing.lookahead import lookahead_routes, lookahead_work
 from skippipe.planner.routing.pool import DEFAULT_WORKERS
-from skippipe.planner.routing.schedule import build_plan, plan_skippipe, quickest
+from skippipe.planner.routing.schedule import build_plan, plan_skippipe, quickest, safety_net
 from skippipe.planner.routing.workers import GroupPlanner
 from skippipe.sim import simulate
 
@@ -256,7 +256,7 @@ def plan_whole_or_grouped(
         return plan_skippipe(problem, seed=seed, time_limit_s=time_limit_s, fallbacks=fallbacks)
     with GroupPlanner() as planner:
         if problem.n > decompose.DECOMPOSE_NODES:
-            net = planner.submit(decompose.safety_net, problem, seed, fallbacks)  # beside the groups
+            net = planner.submit(safety_net, problem, seed, fallbacks)  # beside the groups
             room = None if time_limit_s is not None else (
                 PLANNING_SHARE * planning_target_s(problem.n) - grouped_wall_estimate(problem, groups))
             split = grouped_plan(problem, groups, seed, time_limit_s, thorough=False, planner=planner, room_s=room)
