@@ -336,8 +336,10 @@ def test_free_allocation_floor_of_the_current_instance_is_above_the_target():
 
     problem = build_problem(load_cluster("gcp20-current-free"), reference_problem("current").workload)
     floor = free_allocation_floor(problem)
-    # 54.60 s before the data nodes' own schedules with the dear trips counted (2026-11-28)
-    assert floor.exhaustive and floor.value == pytest.approx(55.438, abs=0.005)
+    # 54.60 s before the data nodes' own schedules with the dear trips counted (2026-11-28);
+    # 55.438 s before their searches tried the earliest-starting operation first (2026-12-02:
+    # more of them finish within their step caps and prove that a data node cannot finish sooner)
+    assert floor.exhaustive and floor.value == pytest.approx(55.809, abs=0.005)
     assert floor.value > 0.70 * 77.72
 
 

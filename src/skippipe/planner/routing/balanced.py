@@ -30,7 +30,14 @@ import numpy as np
 
 from skippipe.planner.problem import Problem
 from skippipe.planner.routing.evaluate import Evaluator, Route, Score
-from skippipe.planner.routing.sequences import RouteCosts, cheapest_over_sequences, nearest, search_width, stage_cap_sums
+from skippipe.planner.routing.sequences import (
+    RouteCosts,
+    SequenceSearch,
+    cheapest_over_sequences,
+    nearest,
+    search_width,
+    stage_cap_sums,
+)
 from skippipe.planner.stage_orders import sequence_quotas
 
 # the queue weight: 1.0 counts a queued visit as fully delaying this one
@@ -74,10 +81,14 @@ def balanced_routes(
     slots = np.maximum(1, np.asarray(problem.memory, dtype=float))
     loss = np.asarray(problem.forward_s, dtype=float) * problem.cost_model.loss_factor
 
+    searches: dict[tuple[tuple[int, ...], ...], SequenceSearch] = {}  # by the orders allowed
+
     def best_path(d: int, penalty: np.ndarray) -> tuple[float, list[int]]:
         allowed = seqs if left_orders is None else tuple(q for q in seqs if left_orders.get(q, 0) > 0)
         if width is None:
-            return cheapest_over_sequences(rc, d, arrays, allowed, penalty)
+            if allowed not in searches:
+                searches[allowed] = SequenceSearch(rc, arrays, allowed)
+            return searches[allowed].cheapest(d, penalty)
         return cheapest_over_sequences(rc, d, nearest(rc, d, arrays, penalty, width), allowed, penalty)
 
     free = np.zeros(problem.n)

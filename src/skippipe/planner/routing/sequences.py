@@ -185,49 +185,80 @@ def cheapest_over_sequences(
     sequences: tuple[tuple[int, ...], ...],
     penalty: np.ndarray | None = None,
 ) -> tuple[float, list[int]]:
-    """``cheapest_chain`` for every sequence at once, one layer per level of ``prefix_tree``
-    (the same sums, so the same result as looping over ``sequences`` and keeping the first
-    cheapest); ``(inf, [])`` if none."""
-    if not sequences:
-        return float("inf"), []
-    width = max(len(s) for s in stages)
-    if width == 0 or max(len(sequences), len(stages) ** 2) * width * width > BATCH_LIMIT:
-        return _one_by_one(rc, data_node, stages, sequences, penalty)
-    num = len(stages)
-    pad = np.zeros((num, width), dtype=int)
-    valid = np.zeros((num, width), dtype=bool)
-    for s, nodes in enumerate(stages):
-        pad[s, : len(nodes)] = nodes
-        valid[s, : len(nodes)] = True
-    levels = prefix_tree(sequences)
-    flat = pad.reshape(-1)
-    # into[a, b, k, j] = edge from node j of stage a to node k of stage b (reduced over j, the last axis)
-    into = rc.edge[flat[None, :], flat[:, None]].reshape(num, width, num, width).transpose(2, 0, 1, 3)
-    cost = rc.node[pad] if penalty is None else rc.node[pad] + penalty[pad]
-    cost = np.where(valid, cost, np.inf)
-    prev_stage = levels[0].stage
-    val = (rc.own[data_node] + rc.edge[data_node][pad[prev_stage]]) + cost[prev_stage]
-    back = []
-    for level in levels[1:]:
-        m = val[level.parent][:, None, :] + into[prev_stage[level.parent], level.stage]
-        arg = m.argmin(axis=2)
-        back.append(arg)
-        val = np.take_along_axis(m, arg[:, :, None], axis=2)[:, :, 0] + cost[level.stage]
-        prev_stage = level.stage
-    total = val + rc.edge[pad[prev_stage], data_node]
-    last = total.argmin(axis=1)
-    per_seq = total[np.arange(len(total)), last]
-    q = int(per_seq.argmin())
-    if not np.isfinite(per_seq[q]):
-        return float("inf"), []
-    j, p = int(last[q]), q
-    chain = [int(pad[levels[-1].stage[p], j])]
-    for i in range(len(levels) - 1, 0, -1):
-        j = int(back[i - 1][p, j])
-        p = int(levels[i].parent[p])
-        chain.append(int(pad[levels[i - 1].stage[p], j]))
-    chain.reverse()
-    return float(per_seq[q]), chain
+    """``cheapest_chain`` for every sequence at once (``SequenceSearch``): the same sums, so the
+    same result as looping over ``sequences`` and keeping the first cheapest; ``(inf, [])`` if none."""
+    return SequenceSearch(rc, stages, sequences).cheapest(data_node, penalty)
+
+
+# the edges between the stages of each level are gathered once per search up to this many
+# entries in all (a routing searches one allocation for every microbatch), else at each search
+PREPARED_LIMIT = 1_000_000
+
+
+class SequenceSearch:
+    """``cheapest_over_sequences`` prepared for one set of costs, stages and sequences, one
+    layer per level of ``prefix_tree``: the stages padded to the widest (``pad``, ``valid``) and
+    the edges each level reduces over, so that the searches of a routing (one per microbatch,
+    each with its own ``penalty``) share them. Above ``BATCH_LIMIT`` the sequences are
+    searched one by one (``_one_by_one``)."""
+
+    def __init__(self, rc: RouteCosts, stages: list[np.ndarray], sequences: tuple[tuple[int, ...], ...]) -> None:
+        self.rc, self.stages, self.sequences = rc, stages, sequences
+        width = max((len(s) for s in stages), default=0)
+        self.batched = bool(sequences) and width > 0 and max(len(sequences), len(stages) ** 2) * width * width <= BATCH_LIMIT
+        if not self.batched:
+            return
+        num = len(stages)
+        self.pad = np.zeros((num, width), dtype=int)
+        self.valid = np.zeros((num, width), dtype=bool)
+        for k, nodes in enumerate(stages):
+            self.pad[k, : len(nodes)] = nodes
+            self.valid[k, : len(nodes)] = True
+        self.levels = prefix_tree(sequences)
+        flat = self.pad.reshape(-1)
+        # into[a, b, k, j] = edge from node j of stage a to node k of stage b (reduced over j, the last axis)
+        self.into = rc.edge[flat[None, :], flat[:, None]].reshape(num, width, num, width).transpose(2, 0, 1, 3)
+        entries = sum(len(level.stage) for level in self.levels[1:]) * width * width
+        self.edges = [self._edges(i) for i in range(1, len(self.levels))] if entries <= PREPARED_LIMIT else None
+
+    def _edges(self, i: int) -> np.ndarray:
+        """The edges level ``i`` reduces over: per prefix, from each node of its parent's last
+        stage to each node of its own."""
+        level, prev = self.levels[i], self.levels[i - 1].stage
+        return self.into[prev[level.parent], level.stage]
+
+    def cheapest(self, data_node: int, penalty: np.ndarray | None = None) -> tuple[float, list[int]]:
+        """The cheapest valid path of ``data_node`` (``penalty`` added to each visit); ``(inf, [])`` if none."""
+        if not self.batched:
+            if not self.sequences:
+                return float("inf"), []
+            return _one_by_one(self.rc, data_node, self.stages, self.sequences, penalty)
+        rc, levels, pad = self.rc, self.levels, self.pad
+        cost = rc.node[pad] if penalty is None else rc.node[pad] + penalty[pad]
+        cost = np.where(self.valid, cost, np.inf)
+        prev_stage = levels[0].stage
+        val = (rc.own[data_node] + rc.edge[data_node][pad[prev_stage]]) + cost[prev_stage]
+        back = []
+        for i, level in enumerate(levels[1:], start=1):
+            edges = self.edges[i - 1] if self.edges is not None else self._edges(i)
+            m = val[level.parent][:, None, :] + edges
+            back.append(m.argmin(axis=2))
+            val = m.min(axis=2) + cost[level.stage]  # the entries at the argmin: the same numbers
+            prev_stage = level.stage
+        total = val + rc.edge[pad[prev_stage], data_node]
+        last = total.argmin(axis=1)
+        per_seq = total[np.arange(len(total)), last]
+        q = int(per_seq.argmin())
+        if not np.isfinite(per_seq[q]):
+            return float("inf"), []
+        j, p = int(last[q]), q
+        chain = [int(pad[levels[-1].stage[p], j])]
+        for i in range(len(levels) - 1, 0, -1):
+            j = int(back[i - 1][p, j])
+            p = int(levels[i].parent[p])
+            chain.append(int(pad[levels[i - 1].stage[p], j]))
+        chain.reverse()
+        return float(per_seq[q]), chain
 
 
 def nearest(
