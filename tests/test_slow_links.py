@@ -248,18 +248,24 @@ def test_memory_dealings_above_the_integer_limit_are_kept_where_the_relaxation_i
     assert abs(loose.cost - exact.cost) <= 1e-6 * exact.cost
 
 
-def test_above_the_integer_limit_a_fractional_relaxation_gives_no_routing():
-    problem = _problem(16, seed=3, stages=6, length=4, m=4, swaps=1, memory=2)
-    slow = slow_link_mask(problem.transfer_s)
+def _drawn_allocation(problem: Problem, slow: np.ndarray, integral: bool):
+    """The first of 40 random allocations whose relaxation is integral (and crosses a slow
+    link) or not, with its stage orders and relaxation."""
     rng = np.random.default_rng(1)
     for _ in range(40):
         alloc = random_allocation(problem, rng)
         seqs = stage_orders(problem, alloc)
         loose = min_cost_routing(problem, alloc, seqs, slow, integral=False)
-        if loose is not None and integral_paths(problem, alloc, seqs, loose.flow) is None:
-            break
-    else:
-        raise AssertionError("no allocation with a fractional relaxation")
+        if loose is not None and (integral_paths(problem, alloc, seqs, loose.flow) is not None) == integral \
+                and (loose.slow_nodes or not integral):
+            return alloc, seqs
+    raise AssertionError(f"no allocation with {'an integral' if integral else 'a fractional'} relaxation")
+
+
+def test_above_the_integer_limit_a_fractional_relaxation_gives_no_routing():
+    problem = _problem(16, seed=3, stages=6, length=4, m=4, swaps=1, memory=2)
+    slow = slow_link_mask(problem.transfer_s)
+    alloc, seqs = _drawn_allocation(problem, slow, integral=False)
     frozen = dataclasses.replace(problem, cluster=dataclasses.replace(problem.cluster, stages=alloc))
     assert slow_link_allocation(frozen, alloc, seqs, slow, integer_arcs=0) is None
     found = slow_link_allocation(frozen, alloc, seqs, slow)
@@ -269,15 +275,7 @@ def test_above_the_integer_limit_a_fractional_relaxation_gives_no_routing():
 def test_an_integral_relaxation_is_kept_without_the_integer_programme(monkeypatch):
     problem = _problem(16, seed=3, stages=6, length=4, m=4, swaps=1, memory=2)
     slow = slow_link_mask(problem.transfer_s)
-    rng = np.random.default_rng(1)
-    for _ in range(40):
-        alloc = random_allocation(problem, rng)
-        seqs = stage_orders(problem, alloc)
-        loose = min_cost_routing(problem, alloc, seqs, slow, integral=False)
-        if loose is not None and loose.slow_nodes and integral_paths(problem, alloc, seqs, loose.flow) is not None:
-            break
-    else:
-        raise AssertionError("no allocation over slow links with an integral relaxation")
+    alloc, seqs = _drawn_allocation(problem, slow, integral=True)
     exact = min_cost_routing(problem, alloc, seqs, slow, integral=True)
     frozen = dataclasses.replace(problem, cluster=dataclasses.replace(problem.cluster, stages=alloc))
 

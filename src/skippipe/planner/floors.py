@@ -31,7 +31,7 @@ up to ``neighbour_floor.MAX_NODES``, ``neighbour_floor`` (each data node's round
 who visits whom, must fit its own slots); then ``slot_energy_floor`` (the visits' slots over
 every stretch of time, where a data node's microbatches are out at once).
 It is exact reasoning on relaxed round trips, so it is valid for every allocation, path choice
-and processing order the simulator runs. On the current-code reference network it is 55.44 s:
+and processing order the simulator runs. On the current-code reference network it is 55.81 s:
 remote nodes (Australia) must carry 6 microbatches each, no data node can both run its own
 trips fast and take one through Australia (54.60 s), and the data nodes whose microbatches go
 far run their own work between those trips (``dear_schedule``).
