@@ -6,7 +6,8 @@ iteration is long. Each case is drawn from its number: 32-40 nodes, random place
 (one site per node, 2 or 5 sites; some with 30 % of the links between sites broken), compute
 0.5-2x or 0.05-3x, memory 3 or 1-4 or 1 slot per node, S = 6..9, L = 4..S, 17 microbatches per
 data node, ``max_swaps`` 0-2, the jump rule at least what L and S need. ``skippipe`` plans each
-with its defaults; printed per case: the draw, wall-clock and CPU seconds (this process and its
+with its defaults; printed first, the machine's speed (``reference_s``: seconds of a fixed
+piece of pure Python), then per case: the draw, wall-clock and CPU seconds (this process and its
 planning workers), the makespan and the candidate kept; then how many took longer than
 ``--target`` seconds of wall clock. Nothing else should run on the machine meanwhile.
 
@@ -16,6 +17,7 @@ planning workers), the makespan and the candidate kept; then how many took longe
 from __future__ import annotations
 
 import argparse
+import heapq
 import random
 import time
 
@@ -45,6 +47,26 @@ def heavy_case(k: int, microbatches: int = 17) -> tuple[str, Problem]:
     return text, build_problem(cluster, workload)
 
 
+REFERENCE_ITEMS = 300_000
+
+
+def reference_s(runs: int = 3) -> float:
+    """The least of ``runs`` timings of a fixed piece of pure Python, the simulator's kind of
+    work (``REFERENCE_ITEMS`` heap pushes and pops), which no change to the project moves: how
+    fast the machine is today, since the same planning code's wall clock moved by up to 40 %
+    from one day to the next."""
+    best = float("inf")
+    for _ in range(runs):
+        start = time.perf_counter()
+        rng, heap = random.Random(0), []
+        for i in range(REFERENCE_ITEMS):
+            heapq.heappush(heap, (rng.random(), i))
+        while heap:
+            heapq.heappop(heap)
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--first", type=int, default=0)
@@ -52,6 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--microbatches", type=int, default=17, help="per data node")
     ap.add_argument("--target", type=float, default=10.0, help="planning-time target in seconds of wall clock")
     args = ap.parse_args(argv)
+    print(f"reference: {reference_s():.3f} s for {REFERENCE_ITEMS:,} heap pushes and pops (the machine's speed: "
+          "compare runs of different days by it)", flush=True)
     walls: list[float] = []
     for k in range(args.first, args.first + args.count):
         text, problem = heavy_case(k, args.microbatches)

@@ -25,5 +25,6 @@ def test_it_counts_the_cases_above_the_target(monkeypatch, capsys):
     assert heavy.main(["--first", "3", "--count", "2", "--target", "0"]) == 0
     out = capsys.readouterr().out
     assert out.count("12.50 s (balanced)") == 2 and "2 of 2 cases above 0 s of wall clock" in out
+    assert out.startswith("reference: ") and "s for 300,000 heap pushes and pops" in out
     heavy.main(["--first", "3", "--count", "1", "--target", "1000"])
     assert "0 of 1 cases above 1000 s of wall clock; the most" in capsys.readouterr().out
