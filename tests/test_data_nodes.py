@@ -146,7 +146,26 @@ def test_the_tally_counts_every_balanced_routing(monkeypatch):
         return real(*args, **kwargs)
 
     monkeypatch.setattr(data_nodes, "balanced_routes", counted)
+    monkeypatch.setenv("SKIPPIPE_PLANNING_WORKERS", "1")  # every routing in this process, where they are counted
     problem, stages, _ = _slow_data_node_problem()
     tally = [0]
     assert data_node_search(problem, stages, _seqs(problem, stages), tally=tally) is not None
     assert tally[0] == calls[0] > len(data_nodes.VARIANTS)
+
+
+def test_the_exchanges_of_a_step_side_by_side_find_what_one_process_finds(monkeypatch):
+    """Each step's exchanges are split into runs for the planning workers (``pool.map_calls``);
+    the first best in order is kept, so the allocation, routes, score and routings counted are
+    those of one process (where ties in score are likely: a cluster of one speed but one node)."""
+    problem, stages, _ = _slow_data_node_problem()
+    seqs = _seqs(problem, stages)
+
+    def searched(workers: str) -> tuple:
+        monkeypatch.setenv("SKIPPIPE_PLANNING_WORKERS", workers)
+        tally = [0]
+        found = data_node_search(problem, stages, seqs, tally=tally)
+        assert found is not None
+        return found[0], found[1], found[2].key(), tally[0]
+
+    one = searched("1")
+    assert one == searched("2") == searched("3")

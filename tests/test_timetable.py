@@ -18,7 +18,7 @@ from skippipe.planfile import plan_violations
 from skippipe.planner import methods
 from skippipe.planner.allocation import allocate
 from skippipe.planner.problem import build_problem
-from skippipe.planner.routing import candidates
+from skippipe.planner.routing import candidates, timetabled
 from skippipe.planner.routing.candidates import stage_orders
 from skippipe.planner.routing.evaluate import Evaluator
 from skippipe.planner.routing.schedule import build_plan, plan_skippipe
@@ -130,16 +130,16 @@ def test_above_the_largest_cluster_routed_anyway_the_timetables_run_as_the_time_
     problem, stages, ev, start = _no_tc2_start()
 
     def timed(per_unit: float) -> list[candidates.Candidate]:
-        monkeypatch.setattr(candidates, "TIMETABLE_S_PER_WORK", per_unit)
-        return candidates.timetable_candidates(problem, start, 0, {id(stages): ev}, SearchLimits(budget=1000), False)
+        monkeypatch.setattr(timetabled, "TIMETABLE_S_PER_WORK", per_unit)
+        return timetabled.timetable_candidates(problem, start, 0, {id(stages): ev}, SearchLimits(budget=1000), False)
 
-    assert candidates._timetable_runs(problem, stages) == 2  # up to TIMETABLE_LARGEST: both, whatever the cost
-    monkeypatch.setattr(candidates, "TIMETABLE_LARGEST", 20)
-    room = candidates.TIMETABLE_SHARE * candidates.planning_target_s(problem.n)
+    assert timetabled._timetable_runs(problem, stages) == 2  # up to TIMETABLE_LARGEST: both, whatever the cost
+    monkeypatch.setattr(timetabled, "TIMETABLE_LARGEST", 20)
+    room = timetabled.TIMETABLE_SHARE * timetabled.planning_target_s(problem.n)
     work = estimated_work(problem, stages, stage_orders(problem, stages))
     for share_of_room, runs in ((0.4, 2), (0.9, 1), (1.1, 0)):  # one run's estimated seconds / the room
-        monkeypatch.setattr(candidates, "TIMETABLE_S_PER_WORK", share_of_room * room / work)
-        assert candidates._timetable_runs(problem, stages) == runs
+        monkeypatch.setattr(timetabled, "TIMETABLE_S_PER_WORK", share_of_room * room / work)
+        assert timetabled._timetable_runs(problem, stages) == runs
     assert timed(1.1 * room / work) == []  # none fits: no timetable
     got = timed(0.9 * room / work)  # one fits: the unpaced one
     assert len(got) == 1 and got[0].timed and got[0].name == "timetable (no-tc2)"
@@ -147,26 +147,48 @@ def test_above_the_largest_cluster_routed_anyway_the_timetables_run_as_the_time_
 
 def test_the_quicker_start_routes_only_the_paced_timetable_from_paced_only_nodes(monkeypatch):
     problem, stages, ev, start = _no_tc2_start()
-    routed: list[bool] = []
-    real = candidates._timetable
-
-    def recorded(problem, start, evaluators, rng, paced, work):
-        routed.append(paced)
-        return real(problem, start, evaluators, rng, paced, work)
-
-    monkeypatch.setattr(candidates, "_timetable", recorded)
 
     def variants(thorough: bool, paced_only_nodes: int) -> list[bool]:
-        routed.clear()
-        monkeypatch.setattr(candidates, "PACED_ONLY_NODES", paced_only_nodes)
-        candidates.timetable_candidates(problem, start, 0, {id(stages): ev}, SearchLimits(budget=1000), thorough)
-        return routed[:2]  # restarts (thorough up to TIMETABLE_SMALL) come after
+        monkeypatch.setattr(timetabled, "PACED_ONLY_NODES", paced_only_nodes)
+        return [paced for _, paced, _ in timetabled.first_runs(problem, start, thorough)]
 
     assert variants(False, problem.n + 1) == [False, True]  # a small group: both
     assert variants(False, problem.n) == [True]  # from PACED_ONLY_NODES: the paced one only
     assert variants(True, problem.n) == [False, True]  # the full start: both at any size
 
 
+def test_the_first_timetables_are_the_same_side_by_side_as_one_after_another(monkeypatch):
+    """The first runs go to the planning workers (``pool.map_calls``): the candidate, its
+    routes, orders and score, and the work charged are those of one process."""
+    problem = build_problem(random_global_cluster(24, seed=5, speed=(0.5, 2.0), memory=(1, 4)),
+                            Workload(num_stages=6, path_length=4))
+    stages = allocate(problem, seed=0)
+    ev = Evaluator(problem, stages)
+    routes = static_routes(problem, stages)
+    start = [candidates.Candidate("no-tc2", stages, routes, ev.score(routes))]
+
+    def planned(workers: str) -> tuple:
+        monkeypatch.setenv("SKIPPIPE_PLANNING_WORKERS", workers)
+        limits = SearchLimits(budget=10**6)
+        got = timetabled.timetable_candidates(problem, start, 0, {id(stages): ev}, limits, True)
+        return [(c.name, c.routes, c.orders, c.score.key()) for c in got], limits.spent
+
+    monkeypatch.setattr(timetabled, "TIMETABLE_FREE_WORK", 0)  # every unit charged
+    units: list[int] = []
+    real = timetabled.timetable_routes
+
+    def counted(*args, **kwargs):
+        work = args[6]
+        before = work[0]
+        out = real(*args, **kwargs)
+        units.append(work[0] - before)
+        return out
+
+    monkeypatch.setattr(timetabled, "timetable_routes", counted)
+    one = planned("1")  # all in this process: every routing's work is seen here
+    per_sim = timetabled.TIMETABLE_WORK_PER_NODE_SMALL * problem.n
+    assert one[0] and len(units) >= 3 and abs(one[1] - sum(units) / per_sim) <= 2  # all of it charged
+    assert one == planned("2")
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.tuples(st.floats(0.0, 100.0), st.floats(0.01, 30.0)), max_size=40),
        st.floats(0.0, 130.0), st.floats(0.01, 30.0), st.integers(1, 4))

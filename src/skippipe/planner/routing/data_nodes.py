@@ -33,6 +33,7 @@ import numpy as np
 from skippipe.planner.problem import Problem
 from skippipe.planner.routing.balanced import VARIANTS, balanced_routes
 from skippipe.planner.routing.evaluate import Evaluator, Route, Score
+from skippipe.planner.routing.pool import map_calls, planning_workers, split
 from skippipe.planner.routing.sequences import RouteCosts, cheapest_over_sequences
 
 # at most this many accepted exchanges
@@ -118,6 +119,22 @@ def partners(
     return sorted(set(fastest) | set(cheapest))
 
 
+def _best_exchange(
+    problem: Problem, cur: list[list[int]], pairs: list[tuple[int, int]], seqs: tuple[tuple[int, ...], ...],
+    setting: tuple[float, bool], score: Score,
+) -> tuple[tuple[list[list[int]], list[Route], Score] | None, int]:
+    """Of the exchanges ``pairs`` of ``cur``, the first whose balanced routing (at ``setting``)
+    scores least and below ``score`` (stages, routes, score; None when none does), and how many
+    routings were run."""
+    best, tally = None, [0]
+    for d, x in pairs:
+        trial = exchanged(cur, d, x)
+        found = _routed(problem, trial, seqs, (setting,), tally=tally)
+        if found is not None and found[2] < score and (best is None or found[2] < best[2]):
+            best = (trial, found[1], found[2])
+    return best, tally[0]
+
+
 def data_node_search(
     problem: Problem, stages: list[list[int]], seqs: tuple[tuple[int, ...], ...], known: Score | None = None,
     tally: list[int] | None = None, thorough: bool = True,
@@ -139,11 +156,15 @@ def data_node_search(
         count = LATEST if full else LATEST_LARGE
         latest = list(score.latest[:count]) or cur[0][:count]
         pairs = [(d, x) for d in latest for x in partners(problem, cur, seqs, d, thorough=full)]
-        for d, x in pairs:
-            trial = exchanged(cur, d, x)
-            found = _routed(problem, trial, seqs, (setting,), tally=tally)
-            if found is not None and found[2] < score and (best is None or found[2] < best[2]):
-                best = (trial, found[1], found[2])
+        # the exchanges of a step are independent: in runs side by side (the first best in
+        # ``pairs``' order is kept, as one run would keep it)
+        runs = map_calls(_best_exchange, [(problem, cur, run, seqs, setting, score)
+                                          for run in split(pairs, planning_workers())])
+        for found, routings in runs:
+            if tally is not None:
+                tally[0] += routings
+            if found is not None and (best is None or found[2] < best[2]):
+                best = found
         if best is None:
             break
         cur, routes, score = best

@@ -1,6 +1,8 @@
 """Worker processes for independent searches of one plan (``WorkerPool``): the groups of a
-cluster (``workers.GroupPlanner``) and the searches around slow links from several allocations
-(``candidates.slow_link_candidate``).
+cluster (``workers.GroupPlanner``), the searches around slow links from several allocations
+(``candidates.slow_link_candidate``), and through ``map_calls`` the timetables of several
+allocations (``timetabled.timetable_candidates``) and the data-node exchanges of one step
+(``data_nodes.data_node_search``).
 
 ``planning_workers()`` processes (2 by default; the environment variable
 ``SKIPPIPE_PLANNING_WORKERS`` sets another count, 1 makes everything in this process). Every
@@ -58,6 +60,27 @@ def cpu_seconds() -> float:
 def _mark_worker() -> None:
     global _IN_WORKER
     _IN_WORKER = True
+
+
+def map_calls(work: Callable[..., T], calls: list[tuple]) -> list[T]:
+    """``[work(*args) for args in calls]``, the calls side by side in the planning workers where
+    there are two or more (a pool forks in about 0.02 s; from inside a worker, or with one
+    worker, all of them here); the results in the order of ``calls``."""
+    with WorkerPool(workers=None if len(calls) > 1 else 1) as pool:
+        pending = [pool.submit(work, *args) for args in calls]
+        return [p.result() for p in pending]
+
+
+def split(items: list[T], parts: int) -> list[list[T]]:
+    """``items`` in at most ``parts`` runs of consecutive items, as even as can be, in order."""
+    parts = max(1, min(parts, len(items)))
+    size, extra = divmod(len(items), parts)
+    out, at = [], 0
+    for k in range(parts):
+        n = size + (1 if k < extra else 0)
+        out.append(items[at:at + n])
+        at += n
+    return out
 
 
 class Pending(Generic[T]):

@@ -38,7 +38,7 @@ adds candidates built for the timeline:
    from the allocation, an allocation searched by how well every microbatch's path packs over
    fast links (greedy, within the TC1 caps, a count of routings as its budget), with those
    paths;
-8. timetable (up to 100 nodes, ``routing.timetable``): on the allocations of the best
+8. timetable (up to 100 nodes, ``routing.timetable``, ``routing.timetabled``): on the allocations of the best
    candidates, every operation reserved on its node's timeline as the paths are chosen, so the
    paths come with processing orders that the simulator follows (unpaced and paced; up to 32
    nodes on two allocations and three more runs with a perturbed path choice, above that on
@@ -93,7 +93,6 @@ from skippipe.planner.routing.candidates import (
     remembered_dealings,
     slow_link_candidate,
     stage_orders,
-    timetable_candidates,
 )
 from skippipe.planner.routing.evaluate import Evaluator, Route
 from skippipe.planner.routing.joint_groups import group_allocation
@@ -102,6 +101,7 @@ from skippipe.planner.routing.ordered import improve_orders, ordered_chains
 from skippipe.planner.routing.search import RouteSearch, SearchLimits
 from skippipe.planner.routing.slow_link_search import SwapWork
 from skippipe.planner.routing.static import chain_candidate, routes_on_chains, static_routes
+from skippipe.planner.routing.timetabled import timetable_candidates
 from skippipe.sim import simulate
 
 # ----------------------------------------------------------------------------- helpers

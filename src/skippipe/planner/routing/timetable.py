@@ -42,7 +42,7 @@ TRIED = 6
 SLOT_RETRIES = 12
 # largest cluster routed this way whatever it costs (the pass over the stage layers is per
 # microbatch, in Python: about 1-2.5 s a timetable at 100 nodes); above it ``estimated_work``
-# decides (``candidates.timetable_candidates``)
+# decides (``timetabled.timetable_candidates``)
 LARGEST = 100
 
 
