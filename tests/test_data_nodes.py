@@ -13,6 +13,7 @@ from skippipe.cluster_gen import random_global_cluster
 from skippipe.planfile import plan_violations
 from skippipe.planner.allocation import allocate
 from skippipe.planner.problem import Problem, build_problem
+from skippipe.planner.routing import pool
 from skippipe.planner.routing.balanced import balanced_candidate
 from skippipe.planner.routing.data_nodes import MAX_NODES, data_node_search, exchanged, partners
 from skippipe.planner.routing.evaluate import Evaluator
@@ -159,6 +160,7 @@ def test_the_exchanges_of_a_step_side_by_side_find_what_one_process_finds(monkey
     those of one process (where ties in score are likely: a cluster of one speed but one node)."""
     problem, stages, _ = _slow_data_node_problem()
     seqs = _seqs(problem, stages)
+    monkeypatch.setattr(pool, "SIDE_BY_SIDE_S", 0.0)  # every batch to the workers, however small
 
     def searched(workers: str) -> tuple:
         monkeypatch.setenv("SKIPPIPE_PLANNING_WORKERS", workers)

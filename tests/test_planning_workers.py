@@ -164,3 +164,23 @@ def test_groups_are_planned_here_when_a_worker_dies():
         pending = planner.submit(os.getpid)  # the worker's pid, then kill it
         os.kill(pending.result(), signal.SIGKILL)
         assert [_file(p) for p in planner.plan(subs, seed=0, budget=40)] == here
+
+
+def _pid(k: int) -> tuple[int, int]:
+    import os
+
+    return k, os.getpid()
+
+
+def test_map_calls_keeps_the_order_and_sends_only_batches_worth_the_workers(monkeypatch):
+    import os
+
+    monkeypatch.setenv("SKIPPIPE_PLANNING_WORKERS", "2")
+    calls = [(k,) for k in range(5)]
+    here = pool.map_calls(_pid, calls, estimated_s=pool.SIDE_BY_SIDE_S / 2)  # too little to fork for
+    assert [k for k, _ in here] == list(range(5)) and {p for _, p in here} == {os.getpid()}
+    apart = pool.map_calls(_pid, calls, estimated_s=pool.SIDE_BY_SIDE_S)
+    assert [k for k, _ in apart] == list(range(5)) and os.getpid() not in {p for _, p in apart}
+    assert {p for _, p in pool.map_calls(_pid, calls[:1])} == {os.getpid()}  # one call: here
+    assert pool.split(list(range(7)), 3) == [[0, 1, 2], [3, 4], [5, 6]]
+    assert pool.split([1], 4) == [[1]] and pool.split([], 2) == [[]]

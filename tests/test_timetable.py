@@ -18,7 +18,7 @@ from skippipe.planfile import plan_violations
 from skippipe.planner import methods
 from skippipe.planner.allocation import allocate
 from skippipe.planner.problem import build_problem
-from skippipe.planner.routing import candidates, timetabled
+from skippipe.planner.routing import candidates, pool, timetabled
 from skippipe.planner.routing.candidates import stage_orders
 from skippipe.planner.routing.evaluate import Evaluator
 from skippipe.planner.routing.schedule import build_plan, plan_skippipe
@@ -174,6 +174,7 @@ def test_the_first_timetables_are_the_same_side_by_side_as_one_after_another(mon
         return [(c.name, c.routes, c.orders, c.score.key()) for c in got], limits.spent
 
     monkeypatch.setattr(timetabled, "TIMETABLE_FREE_WORK", 0)  # every unit charged
+    monkeypatch.setattr(pool, "SIDE_BY_SIDE_S", 0.0)  # every batch to the workers, however small
     units: list[int] = []
     real = timetabled.timetable_routes
 

@@ -32,6 +32,7 @@ import numpy as np
 
 from skippipe.planner.problem import Problem
 from skippipe.planner.routing.balanced import VARIANTS, balanced_routes
+from skippipe.planner.routing.budget import operations
 from skippipe.planner.routing.evaluate import Evaluator, Route, Score
 from skippipe.planner.routing.pool import map_calls, planning_workers, split
 from skippipe.planner.routing.sequences import RouteCosts, cheapest_over_sequences
@@ -47,6 +48,10 @@ LATEST_LARGE = 1
 # up to this many nodes every node outside stage 0 is an exchange partner; above it only a
 # shortlist (``partners``) is (at 40 nodes, S = 9, one step of every exchange costs seconds)
 MAX_NODES = 32
+# seconds of one exchange's balanced routing and its simulation, per operation of an iteration
+# (measured 8.8-22 us on clusters of 12-32 nodes): the exchanges of a step run side by side only
+# where their estimate is worth the workers (``pool.map_calls``)
+ROUTING_S_PER_OP = 1.5e-5
 # the shortlist: this many fastest nodes and this many with the cheapest round trips as data nodes
 SHORTLIST = 4
 # above MAX_NODES nodes each balanced routing the candidate runs is charged to the search budget
@@ -159,7 +164,8 @@ def data_node_search(
         # the exchanges of a step are independent: in runs side by side (the first best in
         # ``pairs``' order is kept, as one run would keep it)
         runs = map_calls(_best_exchange, [(problem, cur, run, seqs, setting, score)
-                                          for run in split(pairs, planning_workers())])
+                                          for run in split(pairs, planning_workers())],
+                         len(pairs) * operations(problem) * ROUTING_S_PER_OP)
         for found, routings in runs:
             if tally is not None:
                 tally[0] += routings

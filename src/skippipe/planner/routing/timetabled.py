@@ -47,6 +47,9 @@ TIMETABLE_SHARE = 0.5
 # unpaced one never won and took a quarter of the planning (106 -> 78 CPU s, the same plan),
 # while groups of 20-40 nodes plan better with both (300 nodes in 30 sites: 59.82 s, 60.70 s)
 PACED_ONLY_NODES = 50
+# seconds per ``timetable.estimated_work`` unit on clusters of 12-32 nodes (measured 1.5-7.1 us):
+# the first runs go side by side only where their estimate is worth the workers (``pool.map_calls``)
+TIMETABLE_S_PER_WORK_SMALL = 4e-6
 # how much a restart may perturb a path's end time when choosing (a factor up to 1 + this)
 TIMETABLE_NOISE = 0.1
 
@@ -75,7 +78,9 @@ def timetable_candidates(
     work, packed_work = [0], [0]
     runs = first_runs(problem, cands, thorough)
     # these runs are independent: side by side in the planning workers, kept in this order
-    routed = map_calls(_timetable_work, [(problem, cand.stages, paced) for cand, paced, _ in runs])
+    estimate = TIMETABLE_S_PER_WORK_SMALL * sum(estimated_work(problem, cand.stages, stage_orders(problem, cand.stages))
+                                                for cand, _, _ in runs)
+    routed = map_calls(_timetable_work, [(problem, cand.stages, paced) for cand, paced, _ in runs], estimate)
     for (cand, paced, beyond), (out, done) in zip(runs, routed):
         (packed_work if beyond else work)[0] += done
         got = _timed(cand, evaluators, out, paced)
