@@ -71,7 +71,7 @@ def timetable_candidates(
     out).
     ``thorough=False``: as above ``TIMETABLE_SMALL`` nodes at any size, and from
     ``PACED_ONLY_NODES`` nodes the paced timetable only."""
-    small = thorough and problem.n <= TIMETABLE_SMALL
+    small = _small(problem, thorough)
     if not small and problem.even_compute:
         return []
     best: tuple[Candidate, bool] | None = None
@@ -80,7 +80,7 @@ def timetable_candidates(
     # these runs are independent: side by side in the planning workers, kept in this order
     estimate = TIMETABLE_S_PER_WORK_SMALL * sum(estimated_work(problem, cand.stages, stage_orders(problem, cand.stages))
                                                 for cand, _, _ in runs)
-    routed = map_calls(_timetable_work, [(problem, cand.stages, paced) for cand, paced, _ in runs], estimate)
+    routed = map_calls(_routed, [(problem, cand.stages, paced) for cand, paced, _ in runs], estimate)
     for (cand, paced, beyond), (out, done) in zip(runs, routed):
         (packed_work if beyond else work)[0] += done
         got = _timed(cand, evaluators, out, paced)
@@ -88,7 +88,9 @@ def timetable_candidates(
             best = (got, paced)
     rng = random.Random(seed)
     for _ in range(TIMETABLE_RESTARTS if small and best is not None else 0):
-        got = _timetable(problem, best[0], evaluators, rng, best[1], work)
+        out, done = _routed(problem, best[0].stages, best[1], rng)
+        work[0] += done
+        got = _timed(best[0], evaluators, out, best[1])
         if got is not None and got.score < best[0].score:
             best = (got, best[1])
     if problem.n <= TIMETABLE_UNCHARGED:
@@ -102,7 +104,7 @@ def timetable_candidates(
 def first_runs(problem: Problem, cands: list[Candidate], thorough: bool) -> list[tuple[Candidate, bool, bool]]:
     """The first timetable routings of ``timetable_candidates``, in order: (the candidate on
     whose allocation, paced, beyond the allocations whose work is counted as free)."""
-    small = thorough and problem.n <= TIMETABLE_SMALL
+    small = _small(problem, thorough)
     variants = (False, True) if thorough or problem.n < PACED_ONLY_NODES else (True,)  # unpaced, paced
     seen: list[list[list[int]]] = []
     runs: list[tuple[Candidate, bool, bool]] = []
@@ -125,21 +127,18 @@ def _timetable_runs(problem: Problem, stages: list[list[int]]) -> int:
     return min(2, int(TIMETABLE_SHARE * planning_target_s(problem.n) / one))
 
 
-def _timetable(
-    problem: Problem, start: Candidate, evaluators: dict[int, Evaluator], rng: random.Random | None, paced: bool,
-    work: list[int],
-) -> Candidate | None:
-    stages = start.stages
+def _small(problem: Problem, thorough: bool) -> bool:
+    """Whether the timetables go on two allocations and restart (``TIMETABLE_SMALL``)."""
+    return thorough and problem.n <= TIMETABLE_SMALL
+
+
+def _routed(problem: Problem, stages: list[list[int]], paced: bool, rng: random.Random | None = None
+            ) -> tuple[Timetable | None, int]:
+    """A timetable routing of ``stages`` (its path choice perturbed by ``rng`` where given) and
+    its work units (also a call for ``map_calls``)."""
+    work = [0]
     out = timetable_routes(problem, stages, problem.load_caps(stages), stage_orders(problem, stages), rng,
                            TIMETABLE_NOISE if rng is not None else 0.0, work, paced)
-    return _timed(start, evaluators, out, paced)
-
-
-def _timetable_work(problem: Problem, stages: list[list[int]], paced: bool) -> tuple[Timetable | None, int]:
-    """An unperturbed timetable routing of ``stages`` and its work units (a call for ``map_calls``)."""
-    work = [0]
-    out = timetable_routes(problem, stages, problem.load_caps(stages), stage_orders(problem, stages), None, 0.0,
-                           work, paced)
     return out, work[0]
 
 
