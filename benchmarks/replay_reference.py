@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from skippipe.bounds import lower_bound, memory_floor
+from skippipe.bounds import DataNodeLoad, lower_bound, memory_floor
 from skippipe.planfile import Constraints, Costs, Microbatch, Plan, save_plan
 from skippipe.reference import (
     INSTANCES,
@@ -37,11 +37,8 @@ from skippipe.sim import simulate
 
 
 def floor_of(instance: str) -> float:
-    problem = reference_problem(instance)
-    w = problem.workload
-    plan = reference_plan(instance, "ca")
-    return memory_floor(reference_stages(instance), plan.costs, plan.memory, w.microbatches_per_data_node,
-                        w.path_length, w.max_swaps, w.max_jump)
+    plan, shape = reference_plan(instance, "ca"), reference_problem(instance).workload
+    return memory_floor(DataNodeLoad.of(reference_stages(instance), plan.costs, plan.memory, shape))
 
 
 def fair_full(instance: str, seed: int = 0) -> Plan | None:

@@ -18,7 +18,7 @@ import argparse
 import time
 from pathlib import Path
 
-from skippipe.bounds import memory_floor
+from skippipe.bounds import DataNodeLoad, memory_floor
 from skippipe.cluster import load_cluster
 from skippipe.planfile import Plan, plan_violations, save_plan
 from skippipe.planner.floors import allocation_data_node_floor, free_allocation_floor
@@ -35,9 +35,7 @@ TARGETS = {  # (instance, allocation) -> (what the ratio is taken against, the t
 
 
 def floor_of(problem: Problem, stages: list[list[int]]) -> float:
-    w = problem.workload
-    return memory_floor(stages, problem.costs(), [int(x) for x in problem.memory], w.microbatches_per_data_node,
-                        w.path_length, w.max_swaps, w.max_jump)
+    return memory_floor(DataNodeLoad.of(stages, problem.costs(), [int(x) for x in problem.memory], problem.workload))
 
 
 def own_problem(instance: str) -> Problem:

@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from skippipe.bounds import memory_floor
+from skippipe.bounds import DataNodeLoad, memory_floor
 from skippipe.planfile import plan_violations
 from skippipe.reference import (
     INSTANCES,
@@ -58,9 +58,7 @@ def test_lost_microbatches_of_the_reference_random_plan():
 @pytest.mark.parametrize("instance, floor, dn_floor", [("shipped", 30.41, 33.05), ("current", 54.60, 63.84)])
 def test_memory_floor_of_reference_allocation(instance, floor, dn_floor):
     problem = reference_problem(instance)
-    w = problem.workload
-    got = memory_floor(reference_stages(instance), problem.costs(), w.memory, w.microbatches_per_data_node,
-                       w.path_length, w.max_swaps, w.max_jump)
+    got = memory_floor(DataNodeLoad.of(reference_stages(instance), problem.costs(), problem.workload.memory, problem.workload))
     assert got == pytest.approx(floor, abs=0.005)
     for method in ("ca", "nonca"):
         res = simulate(reference_plan(instance, method), record=False)

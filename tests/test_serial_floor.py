@@ -9,7 +9,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from skippipe.bounds import _data_node_trips, data_node_floor, trip_floor
+from skippipe.bounds import DataNodeLoad, _data_node_trips, data_node_floor, trip_floor
 from skippipe.cluster_gen import random_global_cluster, single_site_cluster
 from skippipe.costs import BACKWARD_FACTOR, INJECT_GAP_S, LOSS_FACTOR, OP_GAP_S
 from skippipe.planfile import load_plan
@@ -112,14 +112,13 @@ def test_plans_on_one_site_respect_the_sharper_bound(method):
     # one site: hops are short next to a data node's own work, so its losses decide the floor
     problem = build_problem(single_site_cluster(10), Workload(num_stages=4, path_length=3))
     plan = make_plan(method, problem, seed=0)
-    w, c = problem.workload, plan.costs
-    trips = _data_node_trips(plan.stages, c, list(plan.memory), w.microbatches_per_data_node, w.path_length,
-                             w.max_swaps, w.max_jump)
+    c = plan.costs
+    load = DataNodeLoad.of(plan.stages, c, list(plan.memory), problem.workload)
+    trips = _data_node_trips(load)
     closed = max(trip_floor(trip, f, f * c.backward_factor, m, k, c.inject_gap_s, c.op_gap_s)
                  for _, m, k, f, trip in trips)
     result = simulate(plan, record=False)
-    assert data_node_floor(plan.stages, c, list(plan.memory), w.microbatches_per_data_node, w.path_length,
-                           w.max_swaps, w.max_jump) > closed + 0.5
+    assert data_node_floor(load) > closed + 0.5
     assert closed + 0.5 < result.lower_bound_s <= result.makespan_s
 
 

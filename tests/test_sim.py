@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from skippipe.bounds import compute_bound, data_node_floor, lower_bound, memory_floor
+from skippipe.bounds import DataNodeLoad, compute_bound, data_node_floor, lower_bound, memory_floor
 from skippipe.errors import PlanError
 from skippipe.planfile import Constraints, Costs, Microbatch, Plan, path_rule_violation, plan_violations
 from skippipe.sim import route_finish_times, simulate
@@ -205,11 +205,11 @@ def test_compute_bound_and_memory_floor_by_hand():
     # data node: 4 x (F + L + B) = 4 x 2 x 2.75 = 22 plus gaps (4 x 0.09 + 8 x 0.13 - 0.13)
     assert compute_bound(plan) == pytest.approx(22.0 + 4 * 0.09 + 7 * 0.13)
     # floor: ceil(4/2) = 2 round trips of data node F+L+B (5.5) + hops 4 x 1 + F+B on one node (5)
-    floor = memory_floor(plan.stages, plan.costs, 2, 4, 2, 1, 4)
+    floor = memory_floor(DataNodeLoad(plan.stages, plan.costs, 2, 4, 2, 1, 4))
     assert floor == pytest.approx(2 * (5.5 + 4 + 5) + 0.13)
     # data-node floor: R = 14.5, F = 2, B = 3; the last injection waits for 2 final backwards
     # (from R - B on) and one injection: (R - B) + 2 (B + 0.13) + (F + 0.09) + R
-    dn = data_node_floor(plan.stages, plan.costs, 2, 4, 2, 1, 4)
+    dn = data_node_floor(DataNodeLoad(plan.stages, plan.costs, 2, 4, 2, 1, 4))
     assert dn == pytest.approx((14.5 - 3) + 2 * 3.13 + 2.09 + 14.5)
     assert lower_bound(plan) == pytest.approx(max(floor, dn, compute_bound(plan)))
     assert simulate(plan).makespan_s >= lower_bound(plan)
@@ -221,12 +221,12 @@ def test_memory_floor_respects_path_rules():
     T[0, 1] = T[1, 0] = 10.0
     stages = [[0], [1], [2]]
     costs = Costs(transfer_s=T, forward_s=np.ones(3))
-    fast = memory_floor(stages, costs, 1, 1, 2, 1, 4)
+    fast = memory_floor(DataNodeLoad(stages, costs, 1, 1, 2, 1, 4))
     assert fast == pytest.approx(2.75 + 4 * 1.0 + 2.5)  # four hops: out, back, out, back
     # with max_jump = 1 stage 2 cannot come first (0 -> 2 goes 2 stages past the frontier), the
     # path must go through node 1; with max_jump = 0 no stage above the frontier can be visited
-    slow = memory_floor(stages, costs, 1, 1, 2, 1, 1)
-    assert memory_floor(stages, costs, 1, 1, 2, 1, 0) == float("inf")
+    slow = memory_floor(DataNodeLoad(stages, costs, 1, 1, 2, 1, 1))
+    assert memory_floor(DataNodeLoad(stages, costs, 1, 1, 2, 1, 0)) == float("inf")
     assert slow == pytest.approx(2.75 + 4 * 10.0 + 2.5)
 
 

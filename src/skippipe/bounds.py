@@ -32,15 +32,39 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from hashlib import blake2b
 
 import numpy as np
 
 from skippipe.planfile import Costs, Plan
 from skippipe.serial_floor import serial_trip_floor, serial_trip_reaches
+from skippipe.workload import PipelineShape
 
 _CACHE: dict[bytes, float] = {}
 _CACHE_SIZE = 256
+
+
+@dataclass(frozen=True)
+class DataNodeLoad:
+    """What the memory and data-node floors of an allocation read: the allocation, the costs,
+    the activation slots (one count, or one per node), the microbatches (one count per data
+    node, or a count by data node) and the path rules."""
+
+    stages: Sequence[Sequence[int]]
+    costs: Costs
+    memory: int | Sequence[int]
+    microbatches: int | Mapping[int, int]
+    path_length: int
+    max_swaps: int
+    max_jump: int
+
+    @classmethod
+    def of(cls, stages: Sequence[Sequence[int]], costs: Costs, memory: int | Sequence[int],
+           shape: PipelineShape) -> DataNodeLoad:
+        """The load of ``stages`` under a pipeline shape (its microbatches and path rules)."""
+        return cls(stages, costs, memory, shape.microbatches_per_data_node, shape.path_length, shape.max_swaps,
+                   shape.max_jump)
 
 
 def _node_load(plan: Plan) -> tuple[list[float], list[int], list[float]]:
@@ -171,25 +195,18 @@ def _min_plus(dist: np.ndarray, step: np.ndarray) -> np.ndarray:
     return out
 
 
-def _data_node_trips(
-    stages: Sequence[Sequence[int]],
-    costs: Costs,
-    memory: int | Sequence[int],
-    microbatches_per_data_node: int | Mapping[int, int],
-    path_length: int,
-    max_swaps: int,
-    max_jump: int,
-) -> list[tuple[int, int, int, float, float]]:
+def _data_node_trips(load: DataNodeLoad) -> list[tuple[int, int, int, float, float]]:
     """(data node, microbatches, activation slots, forward seconds, fastest round trip) of every
     data node that has microbatches; the round trip is inf when no valid path exists."""
-    data = list(stages[0])
+    costs, memory, microbatches = load.costs, load.memory, load.microbatches
+    data = list(load.stages[0])
     n = int(np.asarray(costs.forward_s).shape[0])
     mem = [int(memory)] * n if isinstance(memory, (int, np.integer)) else [int(x) for x in memory]
-    if isinstance(microbatches_per_data_node, Mapping):
-        counts = {d: int(microbatches_per_data_node.get(d, 0)) for d in data}
+    if isinstance(microbatches, Mapping):
+        counts = {d: int(microbatches.get(d, 0)) for d in data}
     else:
-        counts = {d: int(microbatches_per_data_node) for d in data}
-    chain = round_trip_chain(stages, costs, path_length, max_swaps, max_jump)
+        counts = {d: int(microbatches) for d in data}
+    chain = round_trip_chain(load.stages, costs, load.path_length, load.max_swaps, load.max_jump)
     fwd = np.asarray(costs.forward_s, dtype=float)
     trips = []
     for d in data:
@@ -202,21 +219,12 @@ def _data_node_trips(
     return trips
 
 
-def memory_floor(
-    stages: Sequence[Sequence[int]],
-    costs: Costs,
-    memory: int | Sequence[int],
-    microbatches_per_data_node: int | Mapping[int, int],
-    path_length: int,
-    max_swaps: int,
-    max_jump: int,
-) -> float:
+def memory_floor(load: DataNodeLoad) -> float:
     """The memory floor of an allocation (see the module text); inf when no valid path exists."""
-    trips = _data_node_trips(stages, costs, memory, microbatches_per_data_node, path_length, max_swaps, max_jump)
     floor = 0.0
-    for _, m, slots, _, trip in trips:
+    for _, m, slots, _, trip in _data_node_trips(load):
         rounds = math.ceil(m / slots)
-        floor = max(floor, rounds * trip + (rounds - 1) * costs.op_gap_s)
+        floor = max(floor, rounds * trip + (rounds - 1) * load.costs.op_gap_s)
     return floor
 
 
@@ -251,57 +259,31 @@ def trip_floors(
     return np.where(m <= k, few, np.maximum(memory, serial))
 
 
-def data_node_floor(
-    stages: Sequence[Sequence[int]],
-    costs: Costs,
-    memory: int | Sequence[int],
-    microbatches_per_data_node: int | Mapping[int, int],
-    path_length: int,
-    max_swaps: int,
-    max_jump: int,
-) -> float:
+def data_node_floor(load: DataNodeLoad) -> float:
     """The data-node floor of an allocation (see the module text; never below the memory
     floor); inf when no valid path exists."""
-    terms = _data_node_terms(stages, costs, memory, microbatches_per_data_node, path_length, max_swaps, max_jump)
-    return max((max(closed, serial_trip_floor(*serial) or 0.0) for closed, serial in terms), default=0.0)
+    return max((max(closed, serial_trip_floor(*serial) or 0.0) for closed, serial in _data_node_terms(load)), default=0.0)
 
 
-def data_node_floor_reaches(
-    stages: Sequence[Sequence[int]],
-    costs: Costs,
-    memory: int | Sequence[int],
-    microbatches_per_data_node: int | Mapping[int, int],
-    path_length: int,
-    max_swaps: int,
-    max_jump: int,
-    value: float,
-) -> bool:
+def data_node_floor_reaches(load: DataNodeLoad, value: float) -> bool:
     """Whether ``data_node_floor`` is at least ``value``, decided without solving each data
     node's own schedule to the end: the closed forms first, then the searches with ``value`` as
     their cutoff (``serial_floor.serial_trip_reaches``). With 17 microbatches per data node each
     search of ``data_node_floor`` ran into its step cap (0.15-0.2 s per data node, 1.3-2.3 s per
     allocation of 38-40 nodes) where this decided in under 10 ms."""
-    terms = _data_node_terms(stages, costs, memory, microbatches_per_data_node, path_length, max_swaps, max_jump)
+    terms = _data_node_terms(load)
     return (any(closed >= value for closed, _ in terms)
             or any(serial_trip_reaches(*serial, value) for _, serial in terms))
 
 
-def _data_node_terms(
-    stages: Sequence[Sequence[int]],
-    costs: Costs,
-    memory: int | Sequence[int],
-    microbatches_per_data_node: int | Mapping[int, int],
-    path_length: int,
-    max_swaps: int,
-    max_jump: int,
-) -> list[tuple[float, tuple[float, float, float, int, int, float, float, float, float]]]:
+def _data_node_terms(load: DataNodeLoad) -> list[tuple[float, tuple[float, float, float, int, int, float, float, float, float]]]:
     """Per data node with microbatches: its closed-form floor (``trip_floor``) and the arguments
     of ``serial_floor.serial_trip_floor`` for its own schedule (the least times out and back)."""
-    trips = _data_node_trips(stages, costs, memory, microbatches_per_data_node, path_length, max_swaps, max_jump)
-    out, back = round_trip_lags(stages, costs, path_length, max_swaps, max_jump)
+    costs = load.costs
+    out, back = round_trip_lags(load.stages, costs, load.path_length, load.max_swaps, load.max_jump)
     return [(trip_floor(trip, f, f * costs.op_factor("B"), m, slots, costs.inject_gap_s, costs.op_gap_s),
              (f, out[d], back[d], m, slots, costs.loss_factor, costs.backward_factor, costs.inject_gap_s, costs.op_gap_s))
-            for d, m, slots, f, trip in trips]
+            for d, m, slots, f, trip in _data_node_trips(load)]
 
 
 def plan_memory_floor(plan: Plan) -> float:
@@ -334,7 +316,7 @@ def _plan_floor(plan: Plan, floor_of: Callable[..., float]) -> float:
     if key not in _CACHE:
         if len(_CACHE) >= _CACHE_SIZE:
             _CACHE.pop(next(iter(_CACHE)))
-        _CACHE[key] = floor_of(plan.stages, c, plan.memory, counts, k.path_length, k.max_swaps, k.max_jump)
+        _CACHE[key] = floor_of(DataNodeLoad(plan.stages, c, plan.memory, counts, k.path_length, k.max_swaps, k.max_jump))
     return _CACHE[key]
 
 

@@ -47,7 +47,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from skippipe.bounds import data_node_floor, data_node_floor_reaches, trip_floor
+from skippipe.bounds import DataNodeLoad, data_node_floor, data_node_floor_reaches, trip_floor
 from skippipe.cluster import Cluster
 from skippipe.costs import CostModel
 from skippipe.errors import UserError
@@ -81,16 +81,12 @@ __all__ = ["trip_floor", "allocation_data_node_floor", "allocation_floor_reaches
 def allocation_data_node_floor(problem: Problem, stages: list[list[int]]) -> float:
     """``skippipe.bounds.data_node_floor`` of an allocation of this problem, with the problem's
     memory and microbatch counts: no plan on this allocation finishes sooner."""
-    w = problem.workload
-    return data_node_floor(stages, problem.costs(), list(problem.memory), w.microbatches_per_data_node,
-                           w.path_length, w.max_swaps, w.max_jump)
+    return data_node_floor(DataNodeLoad.of(stages, problem.costs(), list(problem.memory), problem.workload))
 
 
 def allocation_floor_reaches(problem: Problem, stages: list[list[int]], value: float) -> bool:
     """Whether ``allocation_data_node_floor`` is at least ``value`` (``bounds.data_node_floor_reaches``)."""
-    w = problem.workload
-    return data_node_floor_reaches(stages, problem.costs(), list(problem.memory), w.microbatches_per_data_node,
-                                   w.path_length, w.max_swaps, w.max_jump, value)
+    return data_node_floor_reaches(DataNodeLoad.of(stages, problem.costs(), list(problem.memory), problem.workload), value)
 
 
 @dataclass
