@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
@@ -15,6 +16,22 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from skippipe.errors import OutputError, UserError
+
+_STEP_FOLDER = re.compile(r"^step-(\d{6,})$")
+
+
+def step_folder_name(step: int) -> str:
+    """The name of a checkpoint folder after ``step`` steps: ``step-000042`` (six digits at least,
+    so that the names sort as the steps do)."""
+    return f"step-{step:06d}"
+
+
+def step_folders(root: Path) -> list[tuple[int, Path]]:
+    """``(step, folder)`` of the folders directly in ``root`` named by ``step_folder_name``, oldest
+    first (none where ``root`` is not a folder)."""
+    if not root.is_dir():
+        return []
+    return sorted((int(m.group(1)), p) for p in root.iterdir() if p.is_dir() and (m := _STEP_FOLDER.match(p.name)))
 
 
 def atomic_write(path: str | Path, write: Callable[[str], None]) -> None:

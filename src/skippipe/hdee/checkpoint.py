@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +25,7 @@ from typing import Any
 
 import torch
 
+from skippipe import fileio
 from skippipe.errors import UserError
 from skippipe.fileio import atomic_write, atomic_write_text, file_sha256, read_json
 from skippipe.model.checkpoint import save_safetensors, write_checkpoint_meta
@@ -33,7 +33,6 @@ from skippipe.model.config import ModelConfig
 
 FORMAT = "skippipe-hdee-checkpoint"
 VERSION = 1
-_STEP = re.compile(r"^step-(\d{6,})$")
 
 
 class JobCheckpointError(UserError):
@@ -73,7 +72,7 @@ def _fresh_partial(folder: Path) -> Path:
 def save_step(job_dir: Path, digest: str, step: int, model: torch.nn.Module, opt: torch.optim.Optimizer,
               losses: list[float], keep: int) -> Path:
     """A resumable checkpoint after ``step`` steps; only the newest ``keep`` are kept."""
-    folder = job_dir / "checkpoints" / f"step-{step:06d}"
+    folder = job_dir / "checkpoints" / fileio.step_folder_name(step)
     tmp = _fresh_partial(folder)
     save_safetensors(tmp / "model.safetensors", model.state_dict())
     atomic_write(tmp / "optim.pt", lambda path: torch.save(opt.state_dict(), path))
@@ -96,11 +95,8 @@ def save_final(job_dir: Path, digest: str, cfg: ModelConfig, model: torch.nn.Mod
 
 
 def step_folders(job_dir: Path) -> list[Path]:
-    root = job_dir / "checkpoints"
-    if not root.is_dir():
-        return []
-    found = [(int(m.group(1)), p) for p in root.iterdir() if p.is_dir() and (m := _STEP.match(p.name))]
-    return [p for _, p in sorted(found)]
+    """The job's checkpoint folders, oldest first."""
+    return [p for _, p in fileio.step_folders(job_dir / "checkpoints")]
 
 
 def verify(folder: Path, digest: str | None) -> Saved:

@@ -25,7 +25,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,12 +32,19 @@ from pathlib import Path
 from typing import Any
 
 from skippipe.errors import UserError
-from skippipe.fileio import atomic_write, atomic_write_text, file_sha256, name_inside, read_json
+from skippipe.fileio import (
+    atomic_write,
+    atomic_write_text,
+    file_sha256,
+    name_inside,
+    read_json,
+    step_folder_name,
+    step_folders,
+)
 from skippipe.planfile import Plan
 
 FORMAT = "skippipe-checkpoint"
 VERSION = 1
-_STEP_DIR = re.compile(r"^step-(\d{6,})$")
 
 
 class CheckpointError(UserError):
@@ -65,11 +71,11 @@ def checkpoints_root(run_dir: str | Path) -> Path:
 
 
 def step_dir(run_dir: str | Path, step: int) -> Path:
-    return checkpoints_root(run_dir) / f"step-{step:06d}"
+    return checkpoints_root(run_dir) / step_folder_name(step)
 
 
 def partial_dir(run_dir: str | Path, step: int) -> Path:
-    return checkpoints_root(run_dir) / f".step-{step:06d}.partial"
+    return checkpoints_root(run_dir) / f".{step_folder_name(step)}.partial"
 
 
 def stage_files(stage: int) -> tuple[str, str]:
@@ -156,11 +162,7 @@ def _fsync_dir(path: Path) -> None:
 
 def list_checkpoints(run_dir: str | Path) -> list[Path]:
     """Complete-looking checkpoint folders, oldest first (partial folders are never listed)."""
-    root = checkpoints_root(run_dir)
-    if not root.is_dir():
-        return []
-    found = [(int(m.group(1)), p) for p in root.iterdir() if p.is_dir() and (m := _STEP_DIR.match(p.name))]
-    return [p for _, p in sorted(found)]
+    return [p for _, p in step_folders(checkpoints_root(run_dir))]
 
 
 def latest(run_dir: str | Path) -> Path | None:

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from skippipe.errors import NodeLost, StageLost
-from skippipe.fileio import atomic_write_text
+from skippipe.fileio import atomic_write_text, step_folder_name
 from skippipe.planfile import Plan, save_plan
 from skippipe.planner.shrink import original_nodes, shrink_plan
 from skippipe.runtime import checkpoint as ckpt
@@ -49,7 +49,7 @@ class Handoff:
     folder: Path
 
     def files(self, step: int) -> Path:
-        return self.folder / f"step-{step:06d}"
+        return self.folder / step_folder_name(step)
 
 
 @dataclass

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from skippipe.fileio import atomic_write_text
+from skippipe.fileio import atomic_write_text, step_folder_name
 from skippipe.runtime import checkpoint as ckpt
 
 HANDOFF_ENV = "SKIPPIPE_HANDOFF_DIR"
@@ -128,11 +128,11 @@ def hand_off(folder: Path, node: int, stage_index: int, stage: torch.nn.Module, 
     mine = folder / f"node-{node:03d}"
     written: list[int] = []
     if not snapshot.stepping:
-        ckpt.save_stage(mine / f"step-{steps:06d}", stage_index, stage, optimizer)
+        ckpt.save_stage(mine / step_folder_name(steps), stage_index, stage, optimizer)
         written.append(steps)
     if snapshot.step is not None and snapshot.step not in written:
         snapshot.restore(stage, optimizer)
-        ckpt.save_stage(mine / f"step-{snapshot.step:06d}", stage_index, stage, optimizer)
+        ckpt.save_stage(mine / step_folder_name(snapshot.step), stage_index, stage, optimizer)
         written.append(snapshot.step)
     top = max(written) if written else 0
     doc = {"node": node, "stage": stage_index, "steps": written, "losses": [float(x) for x in losses[:top]]}

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from skippipe import fileio
 from skippipe.errors import ChecksumMismatch, LocalCheckpointError, MixedIterations, UserError
 from skippipe.fileio import atomic_write_text, file_sha256, name_inside, read_json
 from skippipe.runtime.checkpoint import stage_files
@@ -31,7 +32,6 @@ LOCAL_FORMAT = "skippipe-local-checkpoint"
 VERSION = 1
 RUN_MANIFEST = "run.json"
 RUN_FILES = ("config.json", "plan.json", "tokenizer.json")  # tokenizer.json only for a BPE tokenizer
-_STEP_DIR = re.compile(r"^step-(\d{6,})$")
 _STAGE_MANIFEST = re.compile(r"^stage-(\d+)\.manifest\.json$")
 
 
@@ -45,7 +45,7 @@ def node_checkpoints(root: Path, node: int) -> Path:
 
 
 def step_name(step: int) -> str:
-    return f"step-{step:06d}"
+    return fileio.step_folder_name(step)
 
 
 def stage_manifest_name(stage: int) -> str:
@@ -96,10 +96,7 @@ def clear_from(checkpoints: Path, step: int) -> None:
 
 def step_folders(checkpoints: Path) -> list[tuple[int, Path]]:
     """``(step, folder)`` of the complete step folders in one node's ``checkpoints``, oldest first."""
-    if not checkpoints.is_dir():
-        return []
-    found = [(int(m.group(1)), p) for p in checkpoints.iterdir() if p.is_dir() and (m := _STEP_DIR.match(p.name))]
-    return sorted(found)
+    return fileio.step_folders(checkpoints)
 
 
 def read_manifest(path: Path, step: int | None = None) -> dict[str, Any]:
