@@ -1,6 +1,8 @@
 """Atomic file writes: a temporary file in the same folder, fsync, then rename.
 
 A reader never sees a half-written file, and a failed write leaves the old file as it was.
+Also the names of checkpoint step folders (``step_folder_name``, ``step_folders``), which the
+run's, the nodes' own and the HDEE jobs' checkpoints share.
 """
 
 from __future__ import annotations
