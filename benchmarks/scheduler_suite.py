@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--smallest", type=int, default=0, help="leave out clusters with fewer nodes")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path, default=Path("docs/scheduler-suite.json"))
-    ap.add_argument("--png", type=Path, default=Path("docs/scheduler-suite.png"))
+    ap.add_argument("--png", type=Path, default=None, help="the chart (default: the --json path with .png)")
     ap.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS), help="plan only these methods")
     ap.add_argument("--merge", action="store_true", help="update the rows run in an existing --json file, keep the others")
     args = ap.parse_args(argv)
@@ -150,8 +150,9 @@ def main(argv: list[str] | None = None) -> int:
         ratio = f"{r['ratio']:6.3f}" if r["ratio"] else f"{'-':>6}"
         print(f"{r['kind']:<26} {r['N']:>5} {r['S']:>2} {r['L']:>2} " + " ".join(fmt(r.get(m)) for m in METHODS)
               + f" {r['floor']:9.2f} {ratio} {fmt_s(r.get('skippipe_plan_s'))} {fmt_s(r.get('skippipe_cpu_s'))}")
-    chart(rows, args.png)
-    print(f"wrote {args.json} and {args.png}")
+    png = args.png or args.json.with_suffix(".png")  # a run written elsewhere leaves the docs' chart alone
+    chart(rows, png)
+    print(f"wrote {args.json} and {png}")
     return 0
 
 
