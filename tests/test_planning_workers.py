@@ -4,7 +4,9 @@ threads, and the worker count read from ``SKIPPIPE_PLANNING_WORKERS``."""
 
 from __future__ import annotations
 
+import os
 import pathlib
+import signal
 import threading
 import time
 
@@ -154,9 +156,6 @@ def test_the_plan_command_progress_bar_starts_no_thread():
 
 
 def test_groups_are_planned_here_when_a_worker_dies():
-    import os
-    import signal
-
     subs = _group_problems(seed=2)
     here = [_file(p) for p in W.GroupPlanner(workers=1).plan(subs, seed=0, budget=40)]
     with W.GroupPlanner(workers=2) as planner:
@@ -167,14 +166,10 @@ def test_groups_are_planned_here_when_a_worker_dies():
 
 
 def _pid(k: int) -> tuple[int, int]:
-    import os
-
     return k, os.getpid()
 
 
 def test_map_calls_keeps_the_order_and_sends_only_batches_worth_the_workers(monkeypatch):
-    import os
-
     monkeypatch.setenv("SKIPPIPE_PLANNING_WORKERS", "2")
     calls = [(k,) for k in range(5)]
     here = pool.map_calls(_pid, calls, estimated_s=pool.SIDE_BY_SIDE_S / 2)  # too little to fork for
