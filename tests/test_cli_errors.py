@@ -4,6 +4,8 @@ paths are checked before any work is done."""
 from __future__ import annotations
 
 import importlib
+import subprocess
+import sys
 
 import pytest
 
@@ -67,6 +69,37 @@ def test_os_errors_are_one_line(capsys, monkeypatch):
     monkeypatch.setattr(simulate, "run", full_disk)
     err = _one_line_error(capsys, main(["simulate", "x.json"]), 2)
     assert "/data/plan.png: No space left on device" in err
+
+
+@pytest.mark.parametrize("module, code, fragment", [
+    ("torch", 2, "needs the package 'torch', which is not installed: pip install 'skippipe[train]'"),
+    ("tokenizers.models", 2, "pip install 'skippipe[train]'"),
+    ("tqdm", 2, "needs the package 'tqdm', which is not installed: reinstall skippipe with its dependencies"),
+    ("skippipe.no_such_module", 1, "unexpected ModuleNotFoundError"),
+    ("not_a_requirement", 1, "unexpected ModuleNotFoundError"),
+])
+def test_a_missing_package_is_one_line_naming_what_to_install(module, code, fragment, capsys, monkeypatch):
+    simulate = importlib.import_module("skippipe.commands.simulate")
+
+    def missing(args):
+        raise ModuleNotFoundError(f"No module named {module!r}", name=module)
+
+    monkeypatch.setattr(simulate, "run", missing)
+    assert fragment in _one_line_error(capsys, main(["simulate", "x.json"]), code)
+
+
+def test_a_command_run_without_torch_says_which_extra_to_install(tmp_path):
+    """The planning-only install (no ``[train]`` extra): ``export`` imports torch and fails in
+    one line, before it writes anything."""
+    script = ("import sys; sys.modules['torch'] = None\n"
+              "from skippipe.cli import main\n"
+              f"sys.exit(main(['export', 'nowhere', '--hf', {str(tmp_path / 'hf')!r}]))")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "skippipe export: error: this command needs the package 'torch', which is not installed: pip install 'skippipe[train]'"
+    ]
+    assert not (tmp_path / "hf").exists()
 
 
 def _tiny_checkpoint(folder):

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.metadata
 import importlib.util
 import os
+import re
 import sys
 from typing import NoReturn
 
-from skippipe.errors import SkipPipeError
+from skippipe.errors import MissingPackage, SkipPipeError
 
 COMMANDS: list[tuple[str, str]] = [
     ("prepare", "tokenize your text files / JSON Lines into token shards for training"),
@@ -77,11 +79,44 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:  # a file or folder the command could not read or write
         where = f"{exc.filename}: " if exc.filename else ""
         return _fail(args.command, f"{where}{exc.strerror or exc}", 2)
+    except ModuleNotFoundError as exc:  # installed without an extra (torch for train) or --no-deps
+        missing = missing_package(exc)
+        if missing is not None:
+            return _fail(args.command, str(missing), missing.exit_code)
+        return _unexpected(args.command, exc)
     except (ValueError, TypeError, RecursionError, MemoryError, OverflowError) as exc:
-        if os.environ.get("SKIPPIPE_DEBUG"):
-            raise
-        text = " ".join(str(exc).split()) or type(exc).__name__
-        return _fail(args.command, f"unexpected {type(exc).__name__}: {text} (SKIPPIPE_DEBUG=1 shows the traceback)", 1)
+        return _unexpected(args.command, exc)
+
+
+def _unexpected(command: str, exc: Exception) -> int:
+    if os.environ.get("SKIPPIPE_DEBUG"):
+        raise exc
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return _fail(command, f"unexpected {type(exc).__name__}: {text} (SKIPPIPE_DEBUG=1 shows the traceback)", 1)
+
+
+def _normalized(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def missing_package(exc: ModuleNotFoundError) -> MissingPackage | None:
+    """The ``MissingPackage`` error for a module that one of skippipe's requirements provides (the
+    extra that brings it read from the installed package's metadata, the one source of the
+    extras), or None when the missing module is not one of them (a bug, not an install)."""
+    top = (exc.name or "").split(".")[0]
+    if not top or top == "skippipe":
+        return None
+    try:
+        requirements = importlib.metadata.requires("skippipe") or []
+    except importlib.metadata.PackageNotFoundError:
+        requirements = []
+    for requirement in requirements:
+        name = re.match(r"\s*([A-Za-z0-9._-]+)", requirement)
+        if name is None or _normalized(name.group(1)) != _normalized(top):
+            continue
+        extra = re.search(r"extra\s*==\s*[\"']([^\"']+)[\"']", requirement)
+        return MissingPackage(top, extra.group(1) if extra else None)
+    return None
 
 
 def _fail(command: str, message: str, code: int) -> int:

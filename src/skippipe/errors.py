@@ -34,6 +34,19 @@ class PlanError(UserError):
     """A plan file that cannot be read or breaks a rule."""
 
 
+class MissingPackage(UserError):
+    """A command needs a package that is not installed. ``package``: the module that failed to
+    import (``torch``); ``extra``: the pip extra of skippipe that brings it (``train``), None when it
+    is one of skippipe's own dependencies (then skippipe was installed without them)."""
+
+    def __init__(self, package: str, extra: str | None) -> None:
+        self.package = package
+        self.extra = extra
+        how = (f"pip install 'skippipe[{extra}]'" if extra is not None
+               else "reinstall skippipe with its dependencies (pip install skippipe, without --no-deps)")
+        super().__init__(f"this command needs the package {package!r}, which is not installed: {how}")
+
+
 class LoadCapsTooSmall(UserError):
     """The stages' per-node load caps (TC1) admit no routing of the microbatches: a planner
     may try another allocation; the user is told which stages need more nodes."""
