@@ -4,9 +4,11 @@ timelines, a candidate of ``plan_skippipe``."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import random
 from collections import Counter
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -18,7 +20,7 @@ from skippipe.planfile import plan_violations
 from skippipe.planner import methods
 from skippipe.planner.allocation import allocate
 from skippipe.planner.problem import build_problem
-from skippipe.planner.routing import candidates, pool, timetabled
+from skippipe.planner.routing import candidates, pool, timetable, timetabled
 from skippipe.planner.routing.candidates import stage_orders
 from skippipe.planner.routing.evaluate import Evaluator
 from skippipe.planner.routing.schedule import build_plan, plan_skippipe
@@ -190,6 +192,16 @@ def test_the_first_timetables_are_the_same_side_by_side_as_one_after_another(mon
     per_sim = timetabled.TIMETABLE_WORK_PER_NODE_SMALL * problem.n
     assert one[0] and len(units) >= 3 and abs(one[1] - sum(units) / per_sim) <= 2  # all of it charged
     assert one == planned("2")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.floats(0.0, 1e4, allow_subnormal=False), max_size=12))
+def test_a_path_is_ranked_by_its_forwards_summed_as_numpy_sums_them(values):
+    """The timetable reads the forwards as Python floats; their sum is numpy's to the last bit
+    (in order below 8 values, pairwise from 8), so paths rank as they did with arrays."""
+    assert timetable._summed(values) == float(np.asarray(values, dtype=float).sum())
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.tuples(st.floats(0.0, 100.0), st.floats(0.01, 30.0)), max_size=40),
        st.floats(0.0, 130.0), st.floats(0.01, 30.0), st.integers(1, 4))
@@ -203,6 +215,7 @@ def test_timeline_slot_holds_match_a_scan_of_every_hold(holds, t, length, slots)
     every = [(a, a + dur) for a, dur in holds]
     assert sorted(line._covering(t)) == sorted(b for a, b in every if a <= t < b)
     covering = [b for a, b in every if a <= t < b]
+    assert line._covered(t) == (len(covering), min(covering, default=math.inf))
     expected = t if len(covering) < slots else min(covering)
     while len([b for a, b in every if a <= expected < b]) >= slots:
         expected = min(b for a, b in every if a <= expected < b)

@@ -23,28 +23,36 @@ class Timeline:
 
     def earliest(self, ready: float, dur: float, gap: float) -> float:
         """Earliest start >= ready of an operation that fits, with its gap, between reservations."""
-        i = bisect.bisect_right(self.starts, ready)
-        t = max(ready, self.busy[i - 1]) if i else ready
-        while i < len(self.starts):
-            if t + dur + gap <= self.starts[i] + 1e-12:
+        starts, busy = self.starts, self.busy
+        i = bisect.bisect_right(starts, ready)
+        t = ready
+        if i and busy[i - 1] > t:
+            t = busy[i - 1]
+        n = len(starts)
+        while i < n:
+            if t + dur + gap <= starts[i] + 1e-12:
                 return t
-            t = max(t, self.busy[i])
+            if busy[i] > t:
+                t = busy[i]
             i += 1
         return t
 
     def earliest_forward(self, ready: float, dur: float, gap: float, slots: int) -> float:
         """``earliest``, also with one of ``slots`` activation slots free at the start."""
         t = ready
+        slots = max(1, slots)
         while True:
             t = self.earliest(t, dur, gap)
-            covering = self._covering(t)
-            if len(covering) < max(1, slots):
+            if len(self.holds) < slots:  # fewer holds in all than slots: one is free
                 return t
-            t = min(covering)
+            count, first_end = self._covered(t)
+            if count < slots:
+                return t
+            t = first_end
 
     def hold_fits(self, start: float, end: float, slots: int) -> bool:
         """Whether a hold ``[start, end)`` keeps every forward on the node within ``slots``."""
-        return all(1 + len(self._covering(p)) <= slots for p in (start, *(a for a, _ in self._inside(start, end))))
+        return all(1 + self._covered(p)[0] <= slots for p in (start, *(a for a, _ in self._inside(start, end))))
 
     def overlapping_ends(self, start: float, end: float) -> list[float]:
         """The ends of the holds that overlap ``[start, end)``: those covering ``start`` and those
@@ -70,6 +78,22 @@ class Timeline:
             if t < self.holds[j][1]:
                 ends.append(self.holds[j][1])
         return ends
+
+    def _covered(self, t: float) -> tuple[int, float]:
+        """How many holds cover ``t`` and the first of their ends (``_covering`` without the list:
+        the timetable asks this millions of times)."""
+        holds = self.holds
+        count, first_end = 0, math.inf
+        j = bisect.bisect_right(holds, (t, math.inf))
+        low = t - self.longest - 1e-9 * max(1.0, abs(t))
+        while j > 0 and holds[j - 1][0] >= low:
+            j -= 1
+            end = holds[j][1]
+            if t < end:
+                count += 1
+                if end < first_end:
+                    first_end = end
+        return count, first_end
 
     def copy(self) -> Timeline:
         return Timeline(list(self.starts), list(self.busy), list(self.tokens), list(self.holds), self.longest)

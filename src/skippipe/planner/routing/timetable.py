@@ -55,8 +55,8 @@ class Timetable:
 
 @dataclass
 class _Costs:
-    forward: np.ndarray
-    transfer: np.ndarray
+    forward: list[float]  # Python floats: read one at a time in the inner loops, where numpy's
+    transfer: list[list[float]]  # element access cost three times as much (same values)
     memory: list[int]
     backward_factor: float
     loss_factor: float
@@ -102,7 +102,11 @@ def _place_all(
         t = ready
         while True:  # the microbatch's own earlier operations on the node are not on its timeline yet
             t = lines[node].earliest_forward(t, dur, gap, slots) if slots else lines[node].earliest(t, dur, gap)
-            clash = next((e for s, e in taken.get(node, ()) if s < t + dur + gap and t < e), None)
+            clash, end = None, t + dur + gap
+            for s, e in taken.get(node, ()):
+                if s < end and t < e:
+                    clash = e
+                    break
             if clash is None:
                 taken.setdefault(node, []).append((t, t + dur + gap))
                 return t
@@ -112,16 +116,16 @@ def _place_all(
     t, prev = t0 + f[d], d
     first: dict[int, float] = {}
     for x in path:
-        s = place(x, max(t + T[prev, x], not_before.get(x, 0.0)), f[x], c.op_gap, c.memory[x])
+        s = place(x, max(t + T[prev][x], not_before.get(x, 0.0)), f[x], c.op_gap, c.memory[x])
         ops.append((x, s, "F", f[x], c.op_gap))
         first[x], t, prev = s, s + f[x], x
     loss = c.loss_factor * f[d]
-    s = place(d, t + T[prev, d], loss, c.op_gap)
+    s = place(d, t + T[prev][d], loss, c.op_gap)
     ops.append((d, s, "L", loss, c.op_gap))
     t, prev = s + loss, d
     for x in (*reversed(path), d):
         dur = c.backward_factor * f[x]
-        s = place(x, t + T[prev, x], dur, c.op_gap)
+        s = place(x, t + T[prev][x], dur, c.op_gap)
         if x != d and not lines[x].hold_fits(first[x], s, c.memory[x]):
             frees = lines[x].overlapping_ends(first[x], s)
             return _SlotTaken(x, min(frees) if frees else s)
@@ -148,11 +152,22 @@ def _ranked_paths(
                     layer_of[seq[:k]] = _next_layer(lines, c, layer_of[seq[:k - 1]], stages[seq[k - 1]], room, work)
             layer = layer_of[seq]
         for x, (fin, path, hops_back) in layer.items():
-            back = c.backward_factor * (f[list(path)].sum() + f[d])
-            hops = T[d, x] + hops_back + T[path[0], d]
-            out.append((fin + T[x, d] + tail + back + hops, path))
+            back = c.backward_factor * (_summed([f[y] for y in path]) + f[d])
+            hops = T[d][x] + hops_back + T[path[0]][d]
+            out.append((fin + T[x][d] + tail + back + hops, path))
     out.sort()
     return out
+
+
+def _summed(values: list[float]) -> float:
+    """The sum of ``values`` as numpy sums them (in order below 8 values, pairwise from 8), so
+    that paths are ranked as they were with numpy arrays."""
+    if len(values) < 8:
+        total = 0.0
+        for v in values:
+            total += v
+        return total
+    return float(np.sum(values))
 
 
 # a node's best prefix in ``_ranked_paths``: when its forward ends, the path to it, and the sum of
@@ -171,10 +186,14 @@ def _next_layer(
     for x in nodes if prev else ():
         if room[x] <= 0:
             continue
-        arr, y = min(((fin + T[y, x], y) for y, (fin, _, _) in prev.items()), key=lambda a: a[0])
+        y, arr = -1, math.inf  # the first node of ``prev`` where x's forward can start first
+        for z, (fin, _, _) in prev.items():
+            a = fin + T[z][x]
+            if y < 0 or a < arr:
+                y, arr = z, a
         _, path, hops_back = prev[y]
         got[x] = (lines[x].earliest_forward(arr, f[x], c.op_gap, c.memory[x]) + f[x], (*path, x),
-                  hops_back + T[x, y] if path else hops_back)
+                  hops_back + T[x][y] if path else hops_back)
     work[0] += len(got) * len(prev)
     return got
 
@@ -227,7 +246,7 @@ class Routing:
     def start(cls, problem: Problem, stages: list[list[int]], caps: list[int], seqs: tuple[tuple[int, ...], ...],
               work: list[int]) -> Routing:
         cm = problem.cost_model
-        c = _Costs(np.asarray(problem.forward_s, dtype=float), np.asarray(problem.transfer_s, dtype=float),
+        c = _Costs(np.asarray(problem.forward_s, dtype=float).tolist(), np.asarray(problem.transfer_s, dtype=float).tolist(),
                    [int(x) for x in problem.memory], cm.backward_factor, cm.loss_factor, cm.inject_gap_s, cm.op_gap_s)
         m = problem.workload.microbatches_per_data_node
         data = [int(d) for d in stages[0]]
