@@ -108,7 +108,7 @@ def _place_all(
                     clash = e
                     break
             if clash is None:
-                taken.setdefault(node, []).append((t, t + dur + gap))
+                taken.setdefault(node, []).append((t, end))
                 return t
             t = clash
 
