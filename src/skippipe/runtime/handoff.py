@@ -81,7 +81,12 @@ class RecoveryLatch:
     the launcher's signal arrives while it writes, and raised there it would cut the handoff
     short and lose the stage (a node with no ``handoff.json`` counts as failed). So the worker
     sets ``handing_over`` first (a plain attribute store: no signal is handled between catching
-    the error and it), and from then on the signal is dropped."""
+    the error and it), and from then on the signal is dropped.
+
+    The worker also holds the signal while its transport starts a thread: ``Thread.start`` cut
+    by the handler's exception leaves the thread running and raises ``KeyError`` from
+    ``threading`` instead (seen in CI on a rejoin: the worker crashed without a handoff and the
+    re-plan left it out)."""
 
     holding: bool = False
     pending: BaseException | None = None

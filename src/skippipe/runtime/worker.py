@@ -139,15 +139,16 @@ class Worker:
         bounds = MessageBounds(
             shape=(setup.train_cfg.samples_per_microbatch, self.seq_len, setup.model_cfg.d_model), microbatches=frozenset(ids),
         )
-        self.transport = Transport(
-            rank=self.node,
-            header_group=setup.groups.header,
-            payload_group=setup.groups.payload,
-            device=setup.device,
-            timeout_s=setup.timeout_s,
-            delay=lambda dst: setup.emulation.link_delay_s(self.node, dst),
-            bounds=bounds, wire=setup.wire, error_feedback=setup.wire_error_feedback, links=setup.groups.links,
-        )
+        with LATCH.local_step():  # it starts its sender thread: a signal must not cut that short (handoff.RecoveryLatch)
+            self.transport = Transport(
+                rank=self.node,
+                header_group=setup.groups.header,
+                payload_group=setup.groups.payload,
+                device=setup.device,
+                timeout_s=setup.timeout_s,
+                delay=lambda dst: setup.emulation.link_delay_s(self.node, dst),
+                bounds=bounds, wire=setup.wire, error_feedback=setup.wire_error_feedback, links=setup.groups.links,
+            )
 
     # ------------------------------------------------------------------ one iteration
     def _batch(self, mb_id: int, iteration: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -168,7 +169,8 @@ class Worker:
         self.s.emulation = self.s.emulation.at_iteration(it + 1)  # link events due by now
         if self.accumulator is not None:
             self.accumulator.reset()
-        self.transport.expect(self.n_messages)
+        with LATCH.local_step():  # it starts the receiver thread: a signal must not cut that short
+            self.transport.expect(self.n_messages)
         with communicating(f"the barrier that starts iteration {it + 1}", self.s.timeout_s):
             dist.barrier(group=self.s.groups.world)
         state = _Iteration(it=it, sched=sched, t0=time.monotonic(), t0_wall=time.time(), scale=self.scale)
