@@ -15,7 +15,7 @@ from skippipe.errors import PlanError, StageLost
 from skippipe.planfile import Plan, check_plan
 from skippipe.planner.shrink import original_nodes, shrink_plan
 from skippipe.runtime import checkpoint as ckpt
-from skippipe.runtime.elastic import Handoff, read_handoffs, recovery_step, sources
+from skippipe.runtime.elastic import Failure, Handoff, ended_in_drain, format_failures, read_handoffs, recovery_step, sources
 from skippipe.runtime.handoff import StepSnapshot, guarded_step, hand_off
 from toy_plans import skip_plan
 
@@ -130,6 +130,23 @@ def test_recovery_step_is_the_smallest_newest_step_and_every_stage_needs_a_holde
     with pytest.raises(StageLost):
         sources(plan, hs, step, set())
     assert {s: h.node for s, h in sources(plan, hs, step, {2}).items()} == {0: 0, 1: 2, 3: 6}  # a frozen stage needs none
+
+
+def test_nodes_without_a_handoff_besides_the_failed_one_are_named_by_their_original_ids(tmp_path):
+    once, _ = shrink_plan(seven_node_plan(), {3})  # round ids 0-5 are original nodes 0, 1, 2, 4, 5, 6
+    hs = {n: _handoff(tmp_path, n, 0, [4]) for n in (0, 2, 5)}  # round nodes 1, 3, 4 handed nothing over
+    assert ended_in_drain(once, hs, failed=3) == [1, 5]  # round node 3 (original 4) is the failure itself
+    assert ended_in_drain(once, hs) == [1, 4, 5]
+    assert ended_in_drain(once, {n: _handoff(tmp_path, n, 0, [4]) for n in range(6) if n != 3}, failed=3) == []
+
+
+def test_the_failure_summary_names_the_nodes_also_lost_in_its_drain():
+    fail = Failure(node=4, node_in_round=3, kind="crash", message="x", round=0, iteration=5, recovery_step=4, nodes_left=4,
+                   seen_at=0.0, decided_at=1.0, drained_at=2.0, replanned_at=3.0, detect_s=1.0, drain_s=1.0, replan_s=1.0)
+    assert len(format_failures([fail])) == 1
+    fail.also_lost = [1, 5]
+    lines = format_failures([fail])
+    assert len(lines) == 2 and lines[1].startswith("also lost") and "[1, 5]" in lines[1]
 
 
 def _tiny():

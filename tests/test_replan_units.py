@@ -12,7 +12,7 @@ from runtime_fixtures import seven_node_plan
 from skippipe.config_fields import ConfigError
 from skippipe.planner.replan import replan, with_transfer
 from skippipe.planner.shrink import shrink_plan
-from skippipe.runtime.adapt import fold_due
+from skippipe.runtime.adapt import Replan, announce, fold_due, format_replans
 from skippipe.runtime.config import LinkEvent, run_config_from_dict
 from skippipe.runtime.drift import DriftMonitor
 from skippipe.runtime.emulation import Emulation, changed_transfer, link_changes
@@ -134,3 +134,14 @@ def test_grow_plan_puts_the_node_back_in_its_first_stage_with_every_node_id():
     assert grown.meta["emulation"]["folded"] == [0]
     assert grown.costs.transfer_s[2, 3] == pytest.approx(2 * first.costs.transfer_s[2, 3])
     assert simulate(grown, bound=False).finished
+
+
+def test_a_replan_names_the_nodes_lost_in_its_drain_in_its_line_and_summary():
+    r = Replan(reason="drift", round=0, iteration=5, recovery_step=4, requested_at=0.0, drained_at=1.0, replanned_at=2.0,
+               drain_s=1.0, replan_s=1.0, folded_events=[], makespan_sim_old_s=10.0, makespan_sim_new_s=9.0, new_paths=True,
+               stages_before=[[0], [1, 2]], stages_after=[[0], [1]])
+    assert "lost" not in announce(r) and len(format_replans([r])) == 1
+    r.lost = [2]
+    assert "left out: [2]" in announce(r)
+    lines = format_replans([r])
+    assert len(lines) == 2 and lines[1].startswith("also lost") and "[2]" in lines[1]

@@ -36,7 +36,7 @@ import json
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +84,9 @@ class Replan:
     stage_choice: dict[int, float] | None = None  # a new node: simulated makespan per stage it could join
     costs: str = "emulated"  # what the new plan's costs are: "measured" (a drift) or "emulated" (rejoin, join)
     measured: str = ""  # a drift: what was measured (measured_costs.describe)
+    # original ids of the nodes that ended during the drain without handing over their state
+    # (``elastic.ended_in_drain``): left out of the new plan
+    lost: list[int] = field(default_factory=list)
 
 
 FIRST_PLAN = "plan-first.json"  # under RUN/elastic: the run's first plan, with every node
@@ -213,7 +216,7 @@ def replan_after_drain(run_dir: Path, plan: Plan, request: DrainRequested, round
         makespan_sim_new_s=sim_new.makespan_s if sim_new.finished else None,
         new_paths=not (new_plan.stages == base.stages and new_plan.microbatches == base.microbatches),
         joined=joiner, nodes=new_plan.n_nodes, stage_choice=stage_choice, costs="measured" if drift else "emulated",
-        measured=seen,
+        measured=seen, lost=E.ended_in_drain(plan, handoffs),
         stages_before=_original_stages(plan), stages_after=_original_stages(new_plan),
     )
     tqdm.write(announce(record), file=sys.stderr)  # the one line at the re-plan (the drift had its own)
@@ -225,8 +228,9 @@ def announce(r: Replan) -> str:
     kind = "join" if r.stage_choice else "rejoin" if r.joined is not None else "re-plan"
     new = f"{r.makespan_sim_new_s:.2f}" if r.makespan_sim_new_s is not None else "?"
     old = f"{r.makespan_sim_old_s:.2f}" if r.makespan_sim_old_s is not None else "?"
+    lost = f"; lost during the drain (no handoff), left out: {r.lost}" if r.lost else ""
     return (f"{kind}: {r.reason}; going on from step {r.recovery_step} with stages {r.stages_after} "
-            f"(simulated makespan {old} -> {new} s)")
+            f"(simulated makespan {old} -> {new} s){lost}")
 
 
 def measure(run_dir: Path, replans: list[Replan]) -> None:
@@ -260,4 +264,6 @@ def format_replans(replans: list[Replan]) -> list[str]:
         out.append(f"{what}{r.reason}; in iteration {r.iteration}, went on from step {r.recovery_step} "
                    f"with stages {r.stages_after}: simulated makespan on the new costs {old} -> {new} s; "
                    f"drain {r.drain_s:.1f} s, re-plan {r.replan_s:.2f} s, restart {restart} s")
+        if r.lost:
+            out.append(f"also lost       nodes {r.lost} (ended during the drain without a handoff: left out of the new plan)")
     return out

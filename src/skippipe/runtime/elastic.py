@@ -24,7 +24,7 @@ import json
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +78,9 @@ class Failure:
     iter_after_s: float | None = None
     restarted_at: float | None = None
     frozen: dict[int, int] | None = None  # stages frozen by this failure -> the checkpoint step of their weights
+    # original ids of the other nodes that ended during the drain without handing over their
+    # state (``ended_in_drain``): left out of the new plan with the failed one
+    also_lost: list[int] = field(default_factory=list)
 
 
 def read_handoffs(folder: Path) -> dict[int, Handoff]:
@@ -93,6 +96,14 @@ def read_handoffs(folder: Path) -> dict[int, Handoff]:
         if h.steps:
             out[h.node] = h
     return out
+
+
+def ended_in_drain(plan: Plan, handoffs: dict[int, Handoff], failed: int | None = None) -> list[int]:
+    """The nodes of the round's ``plan`` (original ids) other than ``failed`` (an id in the
+    round's plan) that handed over no state: they ended during the drain (a crash, a kill), and
+    the next plan leaves them out with it, so the run's records name them."""
+    orig = original_nodes(plan)
+    return [orig[n] for n in range(plan.n_nodes) if n not in handoffs and n != failed]
 
 
 def recovery_step(handoffs: dict[int, Handoff]) -> int:
@@ -164,6 +175,7 @@ def recover(run_dir: Path, plan: Plan, lost: NodeLost, round_index: int, keep: i
         detect_s=lost.decided_at - lost.seen_at, drain_s=lost.drained_at - lost.decided_at, replan_s=now - lost.drained_at,
         makespan_sim_before_s=before.makespan_s if before.finished else None,
         makespan_sim_after_s=after.makespan_s if after.finished else None, frozen=frozen,
+        also_lost=ended_in_drain(plan, handoffs, lost.node),
     )
     return new_plan, fail
 
@@ -251,6 +263,9 @@ def format_failures(failures: list[Failure]) -> list[str]:
         out.append(f"failure         node {f.node} ({f.kind}) in iteration {f.iteration}: {f.nodes_left} nodes went on from "
                    f"step {f.recovery_step}; detect {f.detect_s:.1f} s, drain {f.drain_s:.1f} s, re-plan {f.replan_s:.2f} s, "
                    f"restart {restart} s{sim}{meas}")
+        if f.also_lost:
+            out.append(f"also lost       nodes {f.also_lost} (ended during the drain without a handoff: "
+                       "left out of the new plan)")
         for stage, step in sorted((f.frozen or {}).items()):
             out.append(f"frozen          stage {stage}: no node left; every path skips it, its weights stay those of the "
                        f"checkpoint of step {step}")
