@@ -9,7 +9,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from skippipe.bounds import DataNodeLoad, _data_node_trips, data_node_floor, trip_floor
+from skippipe.bounds import DataNodeLoad, _data_node_terms, _data_node_trips, data_node_floor, trip_floor
 from skippipe.cluster_gen import random_global_cluster, single_site_cluster
 from skippipe.costs import BACKWARD_FACTOR, INJECT_GAP_S, LOSS_FACTOR, OP_GAP_S
 from skippipe.planfile import load_plan
@@ -17,7 +17,13 @@ from skippipe.planner.allocation import random_allocation
 from skippipe.planner.floors import allocation_data_node_floor, allocation_floor_reaches
 from skippipe.planner.methods import make_plan
 from skippipe.planner.problem import build_problem
-from skippipe.serial_floor import STEP_MICROBATCHES, kinds_schedule, serial_trip_floor, serial_trip_reaches
+from skippipe.serial_floor import (
+    STEP_MICROBATCHES,
+    kinds_schedule,
+    serial_trip_below,
+    serial_trip_floor,
+    serial_trip_reaches,
+)
 from skippipe.sim import simulate
 from skippipe.workload import Workload
 
@@ -190,3 +196,27 @@ def test_an_allocation_reaches_a_value_where_its_data_node_floor_does(seed, stag
     alloc = random_allocation(problem, np.random.default_rng(seed))
     floor = allocation_data_node_floor(problem, alloc)
     assert allocation_floor_reaches(problem, alloc, factor * floor) == (floor >= factor * floor)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.floats(0.2, 4.0), st.floats(0.0, 30.0), st.floats(0.0, 30.0), st.integers(1, 17), st.integers(1, 4),
+       st.floats(0.5, 1.5))
+def test_a_schedule_below_a_value_proves_the_floor_below_it(forward, out_lag, back_lag, m, slots, factor):
+    value = factor * trip_floor(forward * (1 + LOSS_FACTOR + BACKWARD_FACTOR) + out_lag + back_lag, forward,
+                                forward * BACKWARD_FACTOR, m, slots, INJECT_GAP_S, OP_GAP_S)
+    if serial_trip_below(forward, out_lag, back_lag, m, slots, *FACTORS, value):
+        floor = serial_trip_floor(forward, out_lag, back_lag, m, slots, *FACTORS)
+        assert floor is None or floor < value
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 10_000), st.integers(3, 6), st.sampled_from([2, 6, 17]))
+def test_the_data_node_floor_is_the_largest_term_of_every_data_node(seed, stages, m):
+    # data_node_floor skips the data nodes that cannot raise the maximum: the same value as
+    # solving every data node's own schedule
+    cluster = random_global_cluster(12, seed=seed, speed=(0.5, 2.0), memory=(1, 4))
+    problem = build_problem(cluster, Workload(num_stages=stages, path_length=3, microbatches_per_data_node=m))
+    alloc = random_allocation(problem, np.random.default_rng(seed))
+    load = DataNodeLoad.of(alloc, problem.costs(), list(problem.memory), problem.workload)
+    every = max((max(closed, serial_trip_floor(*serial) or 0.0) for closed, serial in _data_node_terms(load)), default=0.0)
+    assert data_node_floor(load) == every

@@ -50,6 +50,8 @@ from collections.abc import Iterator
 from functools import lru_cache
 
 MAX_EXPANSIONS = 60_000  # search steps of ``serial_trip_floor`` at most (m = 6 takes at most a few thousand)
+# search steps of ``serial_trip_below`` at most: its first schedule comes after 3m of them
+BELOW_STEPS = 5_000
 MAX_STEPS = 30_000  # search steps of one ``kinds_schedule`` at most, by default
 MAX_KEPT_STATES = 12  # states kept per set of operations done, to cut later states they dominate
 # up to this many microbatches a search step counts one step, above it m / this many: a step's
@@ -76,6 +78,22 @@ def serial_trip_floor(
     return None if steps > MAX_EXPANSIONS or not math.isfinite(value) else value
 
 
+@lru_cache(maxsize=4096)
+def serial_trip_below(
+    forward: float, out_lag: float, back_lag: float, m: int, slots: int,
+    loss_factor: float, backward_factor: float, inject_gap: float, op_gap: float, value: float,
+) -> bool:
+    """Whether a schedule of the data node's own operations (those of ``serial_trip_floor``)
+    finishes before ``value``, found within ``BELOW_STEPS`` search steps: True proves
+    ``serial_trip_floor`` below ``value`` (or None); False proves nothing. A maximum over data
+    nodes skips the searches of those that cannot raise it (``bounds.data_node_floor``): with
+    17 microbatches per data node each such search ran into its step cap."""
+    found, steps = kinds_schedule(forward, [(m, out_lag, back_lag)], slots, loss_factor, backward_factor,
+                                  inject_gap, op_gap, cutoff=value, max_steps=BELOW_STEPS, first_below=True,
+                                  dominance=True)
+    return steps <= BELOW_STEPS and found < value
+
+
 def serial_trip_reaches(
     forward: float, out_lag: float, back_lag: float, m: int, slots: int,
     loss_factor: float, backward_factor: float, inject_gap: float, op_gap: float, value: float,
@@ -93,7 +111,7 @@ def serial_trip_reaches(
 def kinds_schedule(
     forward: float, kinds: list[Kind], slots: int, loss_factor: float, backward_factor: float,
     inject_gap: float, op_gap: float, cutoff: float = math.inf, max_steps: int = MAX_STEPS,
-    first_below: bool = False,
+    first_below: bool = False, dominance: bool | None = None,
 ) -> tuple[float, int]:
     """(a lower bound on the least finish of the data node's own operations, search steps).
 
@@ -102,7 +120,8 @@ def kinds_schedule(
     text says (each m / ``STEP_MICROBATCHES`` above that many microbatches). inf where a kind with
     microbatches has an infinite lag (no such trip). With ``first_below`` the search stops at
     the first schedule that finishes before ``cutoff`` and gives that finish (then an upper
-    bound, below ``cutoff``)."""
+    bound, below ``cutoff``). ``dominance``: whether states dominated by one reached before
+    are cut; by default all but a one-kind ``first_below`` search cut them (see the module text)."""
     merged: dict[tuple[float, float], int] = {}
     for c, o, b in kinds:  # kinds with the same lags are one kind (first in, first out within it)
         if c > 0:
@@ -168,7 +187,7 @@ def kinds_schedule(
 
     seen: dict[tuple, list[tuple[float, ...]]] = {}
     # one kind asked only "is it below the cutoff?" keeps its search as before the cut (see the module text)
-    cut_dominated = K > 1 or not first_below
+    cut_dominated = K > 1 or not first_below if dominance is None else dominance
 
     def dominated(free: float, finish: float) -> bool:
         """Has a state with the same operations done been reached with every time no later (the

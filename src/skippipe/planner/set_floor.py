@@ -43,7 +43,7 @@ from skippipe.planner.neighbour_floor import finite_edges
 from skippipe.planner.problem import Problem, shared_caps
 from skippipe.planner.routing.sequences import node_classes
 from skippipe.planner.set_trips import SetTrips
-from skippipe.serial_floor import serial_trip_floor
+from skippipe.serial_floor import serial_trip_below, serial_trip_floor
 
 
 def slow_one(ra: float, r0: float, m: int, k: int, og: float) -> float:
@@ -264,7 +264,7 @@ class SetFloor:
         for d, (_, t_out, t_back) in trips.items():
             if val >= cutoff:
                 return val
-            val = max(val, solved_floor(self.problem, d, t_out, t_back))
+            val = solved_above(self.problem, d, t_out, t_back, val)
         for x in self.must_visit(data):
             if val >= cutoff:
                 return val
@@ -304,6 +304,16 @@ def closed_floor(problem: Problem, d: int, trip: float) -> float:
     cm, f = problem.cost_model, float(problem.forward_s[d])
     return trip_floor(trip, f, f * cm.backward_factor, problem.workload.microbatches_per_data_node,
                       max(1, int(problem.memory[d])), cm.inject_gap_s, cm.op_gap_s)
+
+
+def solved_above(problem: Problem, d: int, t_out: float, t_back: float, value: float) -> float:
+    """max(``value``, ``solved_floor``), without solving the schedule where one quicker than
+    ``value`` is found at once (``serial_floor.serial_trip_below``)."""
+    cm, m = problem.cost_model, problem.workload.microbatches_per_data_node
+    if serial_trip_below(float(problem.forward_s[d]), t_out, t_back, m, max(1, int(problem.memory[d])),
+                         cm.loss_factor, cm.backward_factor, cm.inject_gap_s, cm.op_gap_s, value):
+        return value
+    return max(value, solved_floor(problem, d, t_out, t_back))
 
 
 def solved_floor(problem: Problem, d: int, t_out: float, t_back: float) -> float:
