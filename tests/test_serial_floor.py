@@ -18,6 +18,7 @@ from skippipe.planner.floors import allocation_data_node_floor, allocation_floor
 from skippipe.planner.methods import make_plan
 from skippipe.planner.problem import build_problem
 from skippipe.serial_floor import (
+    MAX_EXPANSIONS,
     STEP_MICROBATCHES,
     kinds_schedule,
     serial_trip_below,
@@ -220,3 +221,17 @@ def test_the_data_node_floor_is_the_largest_term_of_every_data_node(seed, stages
     load = DataNodeLoad.of(alloc, problem.costs(), list(problem.memory), problem.workload)
     every = max((max(closed, serial_trip_floor(*serial) or 0.0) for closed, serial in _data_node_terms(load)), default=0.0)
     assert data_node_floor(load) == every
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.floats(0.2, 4.0), st.floats(0.0, 30.0), st.floats(0.0, 30.0), st.integers(1, 17), st.integers(1, 4),
+       st.floats(0.8, 1.3))
+def test_reaching_a_value_answers_as_the_search_without_the_quick_check(forward, out_lag, back_lag, m, slots, factor):
+    # serial_trip_reaches answers False at once where serial_trip_below finds a quicker schedule;
+    # the search it skips (no dominance cut, the floor's step cap) gives the same answer
+    value = factor * trip_floor(forward * (1 + LOSS_FACTOR + BACKWARD_FACTOR) + out_lag + back_lag, forward,
+                                forward * BACKWARD_FACTOR, m, slots, INJECT_GAP_S, OP_GAP_S)
+    found, steps = kinds_schedule(forward, [(m, out_lag, back_lag)], slots, *FACTORS, cutoff=value,
+                                  max_steps=MAX_EXPANSIONS, first_below=True)
+    assert serial_trip_reaches(forward, out_lag, back_lag, m, slots, *FACTORS, value) == (
+        steps <= MAX_EXPANSIONS and found >= value)

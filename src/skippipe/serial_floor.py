@@ -102,7 +102,12 @@ def serial_trip_reaches(
     search with ``value`` as its cutoff, stopped at its first schedule below it (where the
     floor is far below, a few hundred steps instead of the search's ``MAX_EXPANSIONS``);
     False where that search needs more than ``MAX_EXPANSIONS`` steps, as the floor is then
-    not known (``serial_trip_floor`` gives None)."""
+    not known (``serial_trip_floor`` gives None). A schedule below ``value`` found first with
+    the dominated states cut (``serial_trip_below``) answers False at once: that search,
+    without the cut, would find one too or stop at its cap (with 17 microbatches it often ran
+    the whole cap to answer False)."""
+    if serial_trip_below(forward, out_lag, back_lag, m, slots, loss_factor, backward_factor, inject_gap, op_gap, value):
+        return False
     found, steps = kinds_schedule(forward, [(m, out_lag, back_lag)], slots, loss_factor, backward_factor,
                                   inject_gap, op_gap, cutoff=value, max_steps=MAX_EXPANSIONS, first_below=True)
     return steps <= MAX_EXPANSIONS and found >= value
