@@ -199,12 +199,16 @@ def test_an_allocation_reaches_a_value_where_its_data_node_floor_does(seed, stag
     assert allocation_floor_reaches(problem, alloc, factor * floor) == (floor >= factor * floor)
 
 
+def _closed_form(forward: float, out_lag: float, back_lag: float, m: int, slots: int) -> float:
+    """``trip_floor`` of a data node whose round trips take its own work and the two lags."""
+    return trip_floor(forward * (1 + LOSS_FACTOR + BACKWARD_FACTOR) + out_lag + back_lag, forward,
+                      forward * BACKWARD_FACTOR, m, slots, INJECT_GAP_S, OP_GAP_S)
+
 @settings(max_examples=60, deadline=None)
 @given(st.floats(0.2, 4.0), st.floats(0.0, 30.0), st.floats(0.0, 30.0), st.integers(1, 17), st.integers(1, 4),
        st.floats(0.5, 1.5))
 def test_a_schedule_below_a_value_proves_the_floor_below_it(forward, out_lag, back_lag, m, slots, factor):
-    value = factor * trip_floor(forward * (1 + LOSS_FACTOR + BACKWARD_FACTOR) + out_lag + back_lag, forward,
-                                forward * BACKWARD_FACTOR, m, slots, INJECT_GAP_S, OP_GAP_S)
+    value = factor * _closed_form(forward, out_lag, back_lag, m, slots)
     if serial_trip_below(forward, out_lag, back_lag, m, slots, *FACTORS, value):
         floor = serial_trip_floor(forward, out_lag, back_lag, m, slots, *FACTORS)
         assert floor is None or floor < value
@@ -229,8 +233,7 @@ def test_the_data_node_floor_is_the_largest_term_of_every_data_node(seed, stages
 def test_reaching_a_value_answers_as_the_search_without_the_quick_check(forward, out_lag, back_lag, m, slots, factor):
     # serial_trip_reaches answers False at once where serial_trip_below finds a quicker schedule;
     # the search it skips (no dominance cut, the floor's step cap) gives the same answer
-    value = factor * trip_floor(forward * (1 + LOSS_FACTOR + BACKWARD_FACTOR) + out_lag + back_lag, forward,
-                                forward * BACKWARD_FACTOR, m, slots, INJECT_GAP_S, OP_GAP_S)
+    value = factor * _closed_form(forward, out_lag, back_lag, m, slots)
     found, steps = kinds_schedule(forward, [(m, out_lag, back_lag)], slots, *FACTORS, cutoff=value,
                                   max_steps=MAX_EXPANSIONS, first_below=True)
     assert serial_trip_reaches(forward, out_lag, back_lag, m, slots, *FACTORS, value) == (
