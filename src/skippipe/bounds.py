@@ -38,7 +38,7 @@ from hashlib import blake2b
 import numpy as np
 
 from skippipe.planfile import Costs, Plan
-from skippipe.serial_floor import serial_trip_below, serial_trip_floor, serial_trip_reaches
+from skippipe.serial_floor import serial_trip_floor_above, serial_trip_reaches
 from skippipe.workload import PipelineShape
 
 _CACHE: dict[bytes, float] = {}
@@ -264,12 +264,11 @@ def data_node_floor(load: DataNodeLoad) -> float:
     floor); inf when no valid path exists. The largest of the data nodes' own terms, each the
     larger of its closed form and its own schedule solved (``serial_trip_floor``), the searches
     taken in order of the closed forms, largest first; a data node with a schedule quicker than
-    the largest term so far (``serial_trip_below``) cannot raise it and is not solved."""
+    the largest term so far cannot raise it and is not solved (``serial_trip_floor_above``)."""
     terms = sorted(_data_node_terms(load), key=lambda t: -t[0])
     best = max((closed for closed, _ in terms), default=0.0)
     for _, serial in terms:
-        if not serial_trip_below(*serial, best):
-            best = max(best, serial_trip_floor(*serial) or 0.0)
+        best = serial_trip_floor_above(*serial, best)
     return best
 
 

@@ -94,6 +94,18 @@ def serial_trip_below(
     return steps <= BELOW_STEPS and found < value
 
 
+def serial_trip_floor_above(
+    forward: float, out_lag: float, back_lag: float, m: int, slots: int,
+    loss_factor: float, backward_factor: float, inject_gap: float, op_gap: float, value: float,
+) -> float:
+    """max(``value``, ``serial_trip_floor`` or 0): a maximum over data nodes raised by one more,
+    without its search where ``serial_trip_below`` finds a schedule quicker than ``value``."""
+    args = (forward, out_lag, back_lag, m, slots, loss_factor, backward_factor, inject_gap, op_gap)
+    if serial_trip_below(*args, value):
+        return value
+    return max(value, serial_trip_floor(*args) or 0.0)
+
+
 def serial_trip_reaches(
     forward: float, out_lag: float, back_lag: float, m: int, slots: int,
     loss_factor: float, backward_factor: float, inject_gap: float, op_gap: float, value: float,

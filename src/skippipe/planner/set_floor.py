@@ -43,7 +43,7 @@ from skippipe.planner.neighbour_floor import finite_edges
 from skippipe.planner.problem import Problem, shared_caps
 from skippipe.planner.routing.sequences import node_classes
 from skippipe.planner.set_trips import SetTrips
-from skippipe.serial_floor import serial_trip_below, serial_trip_floor
+from skippipe.serial_floor import serial_trip_floor, serial_trip_floor_above
 
 
 def slow_one(ra: float, r0: float, m: int, k: int, og: float) -> float:
@@ -264,7 +264,7 @@ class SetFloor:
         for d, (_, t_out, t_back) in trips.items():
             if val >= cutoff:
                 return val
-            val = solved_above(self.problem, d, t_out, t_back, val)
+            val = serial_trip_floor_above(*serial_args(self.problem, d, t_out, t_back), val)
         for x in self.must_visit(data):
             if val >= cutoff:
                 return val
@@ -306,20 +306,14 @@ def closed_floor(problem: Problem, d: int, trip: float) -> float:
                       max(1, int(problem.memory[d])), cm.inject_gap_s, cm.op_gap_s)
 
 
-def solved_above(problem: Problem, d: int, t_out: float, t_back: float, value: float) -> float:
-    """max(``value``, ``solved_floor``), without solving the schedule where one quicker than
-    ``value`` is found at once (``serial_floor.serial_trip_below``)."""
+def serial_args(problem: Problem, d: int, t_out: float, t_back: float) -> tuple:
+    """The arguments of ``serial_trip_floor`` for data node d with these least times out and back."""
     cm, m = problem.cost_model, problem.workload.microbatches_per_data_node
-    if serial_trip_below(float(problem.forward_s[d]), t_out, t_back, m, max(1, int(problem.memory[d])),
-                         cm.loss_factor, cm.backward_factor, cm.inject_gap_s, cm.op_gap_s, value):
-        return value
-    return max(value, solved_floor(problem, d, t_out, t_back))
+    return (float(problem.forward_s[d]), t_out, t_back, m, max(1, int(problem.memory[d])),
+            cm.loss_factor, cm.backward_factor, cm.inject_gap_s, cm.op_gap_s)
 
 
 def solved_floor(problem: Problem, d: int, t_out: float, t_back: float) -> float:
     """``serial_trip_floor`` of data node d with these least times out and back (0 where the
     search stops at its step cap)."""
-    cm, m = problem.cost_model, problem.workload.microbatches_per_data_node
-    value = serial_trip_floor(float(problem.forward_s[d]), t_out, t_back, m, max(1, int(problem.memory[d])),
-                              cm.loss_factor, cm.backward_factor, cm.inject_gap_s, cm.op_gap_s)
-    return value or 0.0
+    return serial_trip_floor(*serial_args(problem, d, t_out, t_back)) or 0.0
