@@ -64,3 +64,24 @@ def test_each_island_builds_the_start_of_the_users_seed_once(monkeypatch):
     islands = [key for key, seed in built if seed == 0 and key != whole]
     assert len(islands) >= 2 and whole not in {key for key, _ in built}
     assert len(islands) == len(set(islands))  # each island's (each probed split's) first start built once
+
+
+def test_a_plan_from_a_quick_start_is_the_plan_built_from_scratch(monkeypatch):
+    import pickle
+
+    from skippipe.planner.routing.workers import quick_plan
+
+    problem = _problem()
+    starts = []
+    real = schedule.quick_start
+    for thorough in (True, False):
+        fresh = schedule.plan_skippipe(problem, seed=0, budget=40, thorough=thorough)
+        quick, kept = quick_plan(problem, seed=0, budget=40, thorough=thorough)
+        assert not kept.complete and kept.fits(0, thorough) and quick.meta["quick"]
+        assert quick.predicted_makespan_s >= fresh.predicted_makespan_s
+        assert "no-tc2" not in [c.name for c in kept.cands]  # built only where the plan goes on
+        kept = pickle.loads(pickle.dumps(kept))  # as it comes back from a worker
+        monkeypatch.setattr(schedule, "quick_start", lambda *a, **k: starts.append(a[1]) or real(*a, **k))
+        again = schedule.plan_skippipe(problem, seed=0, budget=40, thorough=thorough, kept=kept)
+        monkeypatch.setattr(schedule, "quick_start", real)
+        assert starts == [] and _same(fresh, again)

@@ -135,10 +135,15 @@ def _hold_bar(problem: Problem, dealings: list[list[list[int]]]) -> float:
     return HOLD_GAIN * min(largest_hold_per_slot(problem, d) for d in dealings)
 
 
-def remembered_dealings(problem: Problem) -> Callable[[list[list[int]]], dict[str, list[list[int]]]]:
+Dealt = dict[tuple[tuple[int, ...], ...], dict[str, list[list[int]]]]  # memory dealings by allocation
+
+
+def remembered_dealings(
+    problem: Problem, known: Dealt | None = None
+) -> Callable[[list[list[int]]], dict[str, list[list[int]]]]:
     """``memory_dealings`` of ``problem``, each allocation's computed once (the hold-balanced
-    dealing is a programme: 1.1 s at 116 nodes)."""
-    known: dict[tuple[tuple[int, ...], ...], dict[str, list[list[int]]]] = {}
+    dealing is a programme: 1.1 s at 116 nodes), kept in ``known`` where given."""
+    known = {} if known is None else known
 
     def dealings(stages: list[list[int]]) -> dict[str, list[list[int]]]:
         key = tuple(tuple(int(x) for x in s) for s in stages)

@@ -86,6 +86,7 @@ from skippipe.planner.routing.candidates import (
     PRIVATE_CHAINS,
     PROMISING,
     Candidate,
+    Dealt,
     by_name,
     data_node_candidate,
     memory_candidates,
@@ -189,12 +190,15 @@ def plan_skippipe(
     default = budget is None and deadline is None and problem.fixed_stages is None
     budget = budget if budget is not None else default_budget(problem)
     if kept is not None and deadline is None and kept.fits(seed, thorough):
-        stages, cands, evaluators, limits = kept.restored(problem, budget, deadline)
-        first = _Start(seed, stages, cands, evaluators, limits, kept.slow_link_s)
+        stages, cands, evaluators, limits, dealt = kept.restored(problem, budget, deadline)
+        first = _Start(seed, stages, cands, evaluators, limits, kept.slow_link_s, dealt)
+        if not kept.complete:
+            first = _completed(problem, first, deadline, thorough, packing=True)
     else:
         first = _start(problem, seed, budget, deadline, time_limit_s, thorough)
     if on_start is not None and deadline is None:
-        on_start(KeptStart.of(seed, thorough, first.stages, first.cands, first.limits.spent, first.slow_link_s))
+        on_start(KeptStart.of(seed, thorough, first.stages, first.cands, first.limits.spent, first.slow_link_s,
+                              first.dealt))
     start = first
     # under the default budget, the next allocation seeds' starts too where they fit (the search goes on from the quickest)
     for k in range(1, allocation_starts(problem, budget, first.slow_link_s) if default else 1):
@@ -264,6 +268,7 @@ class _Start:
     evaluators: dict[int, Evaluator]  # by id of a candidate's stages
     limits: SearchLimits  # the budget, with what the starts charged to it spent
     slow_link_s: float  # the estimated CPU of its searches around slow links (``slow_links.programme_s``)
+    dealt: Dealt  # the memory dealings computed, by allocation (``candidates.remembered_dealings``)
 
     @property
     def quickest(self) -> float:
@@ -277,28 +282,56 @@ def _start(
 ) -> _Start:
     """Candidates 1-9 of the module text on the allocation of ``seed`` (and its joint allocation);
     ``packing``: candidate 7 too (only the user's seed's start builds it)."""
+    quick = quick_start(problem, seed, budget, deadline, time_limit_s, thorough)
+    return _completed(problem, quick, deadline, thorough, packing)
+
+
+def quick_start(
+    problem: Problem, seed: int, budget: int, deadline: float | None, time_limit_s: float | None, thorough: bool = True,
+) -> _Start:
+    """The quick part of a start (``workers.quick_plan``): the allocation of ``seed``, its
+    balanced routing, memory orders and data-node exchanges (candidates 2, 4, 5: none reads
+    another); its ``skippipe-no-tc2`` routing (a third of this CPU at 26-52 nodes, and slower)
+    only where none is built, else ``_completed`` adds it first in the list, as ``_start`` was."""
     limits = SearchLimits(budget=budget, deadline=deadline)
     stages = _allocation(problem, seed, None if deadline is None else 0.25 * float(time_limit_s))
-    seqs = stage_orders(problem, stages)
-    caps = problem.load_caps(stages)
-    base_routes = static_routes(problem, stages)
     ev = Evaluator(problem, stages)
-    cands = [Candidate("no-tc2", stages, base_routes, ev.score(base_routes))]
-    routes = chain_candidate(problem, stages, caps, seqs, deadline, ev.score)
-    if routes is not None:
-        cands.append(Candidate(PRIVATE_CHAINS, stages, routes, ev.score(routes)))
-    balanced = balanced_candidate(problem, stages, caps, seqs, ev)
+    cands: list[Candidate] = []
+    balanced = balanced_candidate(problem, stages, problem.load_caps(stages), stage_orders(problem, stages), ev)
     if balanced is not None:
         cands.append(Candidate("balanced", stages, *balanced, balanced=True, searched_only_if_best=True))
     evaluators = {id(stages): ev}
-    dealings = remembered_dealings(problem)
-    for mem_cand, mem_ev in memory_candidates(problem, stages, lambda st: static_routes(problem, st), dealings(stages)):
-        evaluators[id(mem_cand.stages)] = mem_ev
-        cands.append(mem_cand)
+    dealt: Dealt = {}
+    for found in memory_candidates(problem, stages, lambda st: static_routes(problem, st),
+                                   remembered_dealings(problem, dealt)(stages)):
+        _add(cands, evaluators, found)
     dn_cand = data_node_candidate(problem, cands, limits, thorough)
     if dn_cand is not None:
         evaluators[id(dn_cand.stages)] = Evaluator(problem, dn_cand.stages)
         cands.append(dn_cand)
+    start = _Start(seed, stages, cands, evaluators, limits, 0.0, dealt)
+    return start if cands else _with_base(problem, start)
+
+
+def _with_base(problem: Problem, start: _Start) -> _Start:
+    """``start`` with its ``skippipe-no-tc2`` routing first in its candidates (where it lacks it)."""
+    if by_name(start.cands, "no-tc2") is None:
+        routes = static_routes(problem, start.stages)
+        start.cands.insert(0, Candidate("no-tc2", start.stages, routes, start.evaluators[id(start.stages)].score(routes)))
+    return start
+
+
+def _completed(problem: Problem, quick: _Start, deadline: float | None, thorough: bool, packing: bool) -> _Start:
+    """A quick start (``quick_start``) completed: the ``skippipe-no-tc2`` routing and the private
+    chains first and second in the list (as built first), then candidates 3 and 6-9."""
+    quick = _with_base(problem, quick)
+    seed, stages, cands, evaluators, limits = quick.seed, quick.stages, list(quick.cands), quick.evaluators, quick.limits
+    ev = evaluators[id(stages)]
+    routes = chain_candidate(problem, stages, problem.load_caps(stages), stage_orders(problem, stages), deadline,
+                             ev.score)
+    if routes is not None:
+        cands.insert(1, Candidate(PRIVATE_CHAINS, stages, routes, ev.score(routes)))
+    dealings = remembered_dealings(problem, quick.dealt)
     if problem.fixed_stages is None:
         grouped = group_allocation(problem, seed, deadline, leftovers=thorough)
         if grouped is not None:
@@ -310,19 +343,20 @@ def _start(
                 evaluators[id(g_stages)] = g_ev
                 cands.append(Candidate(GROUPS, g_stages, routes, g_ev.score(routes)))
     work = SwapWork()
-    slow = slow_link_candidate(problem, cands, dealings, work)
-    if slow is not None:
-        evaluators[id(slow[0].stages)] = slow[1]
-        cands.append(slow[0])
-    packed = packed_candidate(problem, stages, seed) if thorough and packing else None
-    if packed is not None:
-        evaluators[id(packed[0].stages)] = packed[1]
-        cands.append(packed[0])
+    _add(cands, evaluators, slow_link_candidate(problem, cands, dealings, work))
+    _add(cands, evaluators, packed_candidate(problem, stages, seed) if thorough and packing else None)
     cands += timetable_candidates(problem, cands, seed, evaluators, limits, thorough)
     lead = _searchable(cands)[0].score.makespan
     cands += ordered_chains(cands, lambda c, lim: _search(problem, c, evaluators[id(c.stages)], seed, lim), lead,
                             deadline)
-    return _Start(seed, stages, cands, evaluators, limits, work.spent_s)
+    return _Start(seed, stages, cands, evaluators, limits, work.spent_s, quick.dealt)
+
+
+def _add(cands: list[Candidate], evaluators: dict[int, Evaluator], found: tuple[Candidate, Evaluator] | None) -> None:
+    """A candidate found (with its evaluator) added to a start's."""
+    if found is not None:
+        evaluators[id(found[0].stages)] = found[1]
+        cands.append(found[0])
 
 
 def _searchable(cands: list[Candidate]) -> list[Candidate]:

@@ -55,6 +55,7 @@ from skippipe.planner.problem import Problem
 from skippipe.planner.routing import decompose
 from skippipe.planner.routing.budget import PLANNING_SHARE, SIM_OP_S, default_budget, operations, planning_target_s
 from skippipe.planner.routing.candidates import stage_orders
+from skippipe.planner.routing.lazy_groups import LazyGroups
 from skippipe.planner.routing.lookahead import lookahead_routes, lookahead_work
 from skippipe.planner.routing.pool import DEFAULT_WORKERS
 from skippipe.planner.routing.schedule import build_plan, plan_skippipe, quickest, safety_net
@@ -197,8 +198,13 @@ def grouped_plan(
     budget = decompose.GROUP_BUDGET if time_limit_s is None else None
     planned: dict[bytes, Plan] = {}
     plans = planner or GroupPlanner(workers=1)
+    # the quicker start under the default budget (above DECOMPOSE_NODES nodes): each group
+    # searched only where it could be the slowest
+    lazy = LazyGroups(plans, seed, budget, thorough) if time_limit_s is None and not thorough else None
 
     def plan_groups(subs: list[Problem]) -> list[Plan]:
+        if lazy is not None:
+            return lazy.plans(subs)
         return decompose.distinct_plans(
             subs, lambda batch: plans.plan(batch, seed=seed, time_limit_s=share, budget=budget, thorough=thorough),
             planned)
@@ -221,7 +227,7 @@ def grouped_plan(
 
     def affordable(rows: list[list[int]]) -> bool:
         nonlocal left_s
-        left_s -= cost_s(fresh(rows, planned))
+        left_s -= cost_s(fresh(rows, planned if lazy is None else lazy.quick))
         return left_s >= 0.0
 
     try:
@@ -236,6 +242,8 @@ def grouped_plan(
         room = PLANNING_SHARE * target - grouped_wall_estimate(problem, groups, thorough)
         parts = looked_ahead(subs, parts, seed, room if problem.n >= HALF_BUDGET_NODES else min(room, LOOKAHEAD_SHARE * target))
     meta = {"candidate": CANDIDATE, "groups": [len(g) for g in groups], "group_data_nodes": [row[0] for row in rows]}
+    if lazy is not None:
+        meta["groups_searched"] = sum(not plan.meta.get("quick", False) for _, plan in parts)
     plan = decompose.merge(problem, parts, seed, meta)
     result = simulate(plan, record=False, bound=False)
     if not result.finished:

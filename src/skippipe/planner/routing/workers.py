@@ -16,6 +16,8 @@ from typing import Any, TypeVar
 
 from skippipe.planfile import Plan
 from skippipe.planner.problem import Problem
+from skippipe.planner.routing import schedule
+from skippipe.planner.routing.budget import default_budget
 from skippipe.planner.routing.kept_start import KeptStart
 from skippipe.planner.routing.pool import WorkerPool
 from skippipe.planner.routing.schedule import plan_skippipe
@@ -24,7 +26,7 @@ T = TypeVar("T")
 
 
 class GroupPlanner(WorkerPool):
-    """``plan_skippipe`` on batches of groups (``plan``, ``probe``), in worker processes where
+    """``plan_skippipe`` on batches of groups (``plan``, ``probe``, ``quick``), in worker processes where
     that is allowed (see ``pool``), else here; a context manager that shuts its workers down."""
 
     def plan(
@@ -49,6 +51,10 @@ class GroupPlanner(WorkerPool):
         time limit), for the group's later plan."""
         return self._batch(probe_skippipe, subs, [{}] * len(subs), fail_fast, submitted, kwargs)
 
+    def quick(self, subs: list[Problem], **kwargs: Any) -> list[tuple[Plan, KeptStart]]:
+        """``quick_plan(sub, **kwargs)`` for every group, in order (handed out as ``plan`` does)."""
+        return self._batch(quick_plan, subs, [{}] * len(subs), False, None, kwargs)
+
     def _batch(self, work: Callable[..., T], subs: list[Problem], own: list[dict[str, Any]], fail_fast: bool,
                submitted: Callable[[], None] | None, kwargs: dict[str, Any]) -> list[T]:
         if self._pool is None and len(subs) < 2:
@@ -69,3 +75,18 @@ def probe_skippipe(problem: Problem, **kwargs: Any) -> tuple[Plan, KeptStart | N
     kept: list[KeptStart] = []
     plan = plan_skippipe(problem, on_start=kept.append, **kwargs)
     return plan, (kept[0] if kept else None)
+
+
+def quick_plan(problem: Problem, seed: int = 0, budget: int | None = None, thorough: bool = True
+               ) -> tuple[Plan, KeptStart]:
+    """The quickest candidate of a start's quick part (``schedule.quick_start``) as a plan, not
+    searched (meta ``quick``), and that part kept (``KeptStart``, not complete): ``plan_skippipe`` with
+    it as ``kept`` builds the rest of the start and makes the plan it would make without it.
+    Its makespan is at least that plan's: the search starts from these candidates too."""
+    budget = budget if budget is not None else default_budget(problem)
+    start = schedule.quick_start(problem, seed, budget, None, None, thorough)
+    best = min(start.cands, key=lambda c: c.score.key())
+    plan = schedule.build_plan(problem, best.stages, best.routes, "skippipe", seed, best.orders,
+                               {"candidate": best.name, "quick": True, "allocation_seed": seed})
+    kept = KeptStart.of(seed, thorough, start.stages, start.cands, start.limits.spent, 0.0, start.dealt, complete=False)
+    return plan, kept
