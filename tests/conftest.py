@@ -7,6 +7,8 @@ import time
 import pytest
 from hypothesis import settings
 
+from skippipe.planner.routing import decompose, site_groups
+
 # the tests assert behaviour, not time: on the shared 2-core machine one example of a property
 # test took 336 ms once (CI, 2026-12-02) against hypothesis's default 200-ms deadline
 settings.register_profile("skippipe", deadline=None)
@@ -33,3 +35,16 @@ def fake_clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
     clock = FakeClock(0.01)
     monkeypatch.setattr(time, "perf_counter", clock)
     return clock
+
+
+@pytest.fixture
+def small_split(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The groups of sites from 24 nodes with groups of 8, so that a test plans in seconds."""
+    monkeypatch.setattr(site_groups, "SPLIT_NODES", 24)
+    monkeypatch.setattr(site_groups, "GROUP_NODES", 8)
+
+
+@pytest.fixture
+def large_path(small_split: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rules above ``decompose.DECOMPOSE_NODES`` nodes from 24 nodes (groups of 8)."""
+    monkeypatch.setattr(decompose, "DECOMPOSE_NODES", 24)

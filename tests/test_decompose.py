@@ -206,7 +206,6 @@ def test_probed_rows_go_on_with_single_moves_while_the_slowest_island_gets_quick
     nodes (what the makespans scaled by data nodes ask for) makes the quick island slow, one
     data node pays; only the single moves find it, and they stop where the slowest island
     would not get quicker."""
-    from types import SimpleNamespace
 
     cluster, site_of = _sites_cluster([20, 20], speed=np.linspace(1.0, 1.4, 40))  # islands of other costs
     problem = build_problem(cluster, Workload(num_stages=4, path_length=3))
@@ -219,7 +218,7 @@ def test_probed_rows_go_on_with_single_moves_while_the_slowest_island_gets_quick
         for sub in subs:
             island = 0 if sub.cluster.name.endswith(f"from {groups[0][0]}]") else 1
             probed.append((island, sub.stage_sizes[0]))
-            out.append(SimpleNamespace(predicted_makespan_s=table[island][sub.stage_sizes[0]]))
+            out.append(table[island][sub.stage_sizes[0]])
         return out
 
     sizes = [[4, 6, 5, 5], [2, 6, 6, 6]]

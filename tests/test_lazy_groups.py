@@ -6,7 +6,6 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import numpy as np
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -74,6 +73,13 @@ def test_the_merged_plan_is_as_quick_as_with_every_group_searched(spans):
         before = max(searched[k] for c in planner.searches[:r] for k in c)
         assert all(quick[k] > before for k in call)
     assert all(quick[k] <= max(searched) for k in range(len(quick)) if k not in done)
+    # the spans for moving data nodes: searched exact, quick ones scaled by the searches' median
+    # share, so the slowest stays exact and no estimate passes it
+    shares = sorted(min(1.0, searched[k] / quick[k]) for k in done)
+    estimated = lazy.spans(groups)
+    assert max(estimated) == max(searched)
+    for k in range(len(quick)):
+        assert estimated[k] == (searched[k] if k in done else quick[k] * shares[len(shares) // 2])
     # a second call on the same groups plans nothing again
     assert lazy.plans(groups[::-1]) == plans[::-1]
     assert planner.quick_calls == [list(range(len(quick)))]
@@ -109,14 +115,6 @@ def test_real_groups_lazily_as_quick_as_all_searched(monkeypatch):
     for sub, plan in zip(subs, lazy):  # a searched group's plan is the one it gets searched directly
         if not plan.meta.get("quick"):
             assert plan.predicted_makespan_s == by_cost[decompose.cost_key(sub)].predicted_makespan_s
-
-
-@pytest.fixture
-def large_path(monkeypatch):
-    """The rules above ``decompose.DECOMPOSE_NODES`` nodes from 24 nodes (groups of 8)."""
-    monkeypatch.setattr(G, "SPLIT_NODES", 24)
-    monkeypatch.setattr(G, "GROUP_NODES", 8)
-    monkeypatch.setattr(decompose, "DECOMPOSE_NODES", 24)
 
 
 def test_the_grouped_plan_of_a_large_cluster_records_the_groups_searched(large_path):

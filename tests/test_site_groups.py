@@ -21,13 +21,6 @@ from skippipe.workload import Workload
 WORKLOAD = Workload(num_stages=4, path_length=3)
 
 
-@pytest.fixture
-def small_split(monkeypatch):
-    """The candidate from 24 nodes with groups of 8, so that a test plans in seconds."""
-    monkeypatch.setattr(G, "SPLIT_NODES", 24)
-    monkeypatch.setattr(G, "GROUP_NODES", 8)
-
-
 def test_groups_only_where_the_cluster_has_sites():
     sites = build_problem(random_global_cluster(60, seed=1, sites=4), WORKLOAD)
     groups = G.site_groups(sites)
@@ -104,12 +97,6 @@ def test_skippipe_keeps_the_quicker_of_whole_and_grouped(small_split, seed):
     again = methods.make_plan("skippipe", problem, seed=0)
     assert again.predicted_makespan_s == plan.predicted_makespan_s
     assert [mb.path for mb in again.microbatches] == [mb.path for mb in plan.microbatches]
-
-
-@pytest.fixture
-def large_path(small_split, monkeypatch):
-    """The rules above ``decompose.DECOMPOSE_NODES`` nodes from 24 nodes (groups of 8)."""
-    monkeypatch.setattr(decompose, "DECOMPOSE_NODES", 24)
 
 
 def test_above_the_decompose_size_groups_need_sites_and_time(large_path, monkeypatch):

@@ -287,20 +287,20 @@ def distinct_plans(
 
 def probed_rows(
     problem: Problem, groups: list[list[int]], sizes: list[list[int]],
-    plan_split: Callable[[list[Problem]], list[Plan]], single_rounds: int = 0,
+    split_spans: Callable[[list[Problem]], list[float]], single_rounds: int = 0,
     affordable: Callable[[list[list[int]]], bool] | None = None, single_free: bool = True,
 ) -> list[list[int]]:
     """The stage sizes per island whose probed plans have the quickest slowest island: the
     apportioned ones, then data nodes moved by the probed makespans (see the module text), then
     up to ``single_rounds`` single data nodes moved from the slowest island (``moved_data_nodes``
-    with ``single``). ``plan_split`` plans the islands of a split (each of its costs once:
-    ``distinct_plans``); ``affordable(rows)``, where given, says whether a split of many moves
-    may be probed (else the single moves follow), and with ``single_free`` False also a split
-    of a single move."""
+    with ``single``). ``split_spans``: a split's islands' makespans, planned (``distinct_plans``)
+    or estimated with the slowest exact (``lazy_groups``); ``affordable(rows)``, where given,
+    says whether a split of many moves may be probed (else the single moves follow), and with
+    ``single_free`` False also a split of a single move."""
 
     def spans(rows: list[list[int]]) -> list[float]:
         subs = [sub_problem(problem, nodes, row) for nodes, row in zip(groups, rows)]
-        return [float(plan.predicted_makespan_s or 0.0) for plan in plan_split(subs)]
+        return split_spans(subs)
 
     rows, now = sizes, spans(sizes)
     for single, rounds in ((False, REBALANCE_ROUNDS), (True, single_rounds)):
@@ -345,7 +345,8 @@ def decomposed_plan(
     meta: dict = {"candidate": candidate, "groups": [len(g) for g in groups]}
     if candidate == "islands" and problem.n <= REBALANCE_NODES and probe_groups is not None:
         probed: dict[bytes, Plan] = {}
-        rows = probed_rows(problem, groups, sizes, lambda subs: distinct_plans(subs, probe_groups, probed))
+        rows = probed_rows(problem, groups, sizes, lambda subs: [
+            float(plan.predicted_makespan_s or 0.0) for plan in distinct_plans(subs, probe_groups, probed)])
         if rows != sizes:
             sizes = rows
             meta["data_nodes_moved"] = [row[0] for row in rows]

@@ -11,11 +11,14 @@ data-node-exchange routings, the quickest of them unsearched), and the full sear
 slower than every group searched so far: first the ``FIRST_SEARCHED`` slowest, then, round by
 round, every group whose quick plan is slower than the slowest searched one, until none is.
 
-The merged plan is then exactly as quick as with every group searched: the slowest searched
-group is searched as before, and every other group's plan (quick or searched) is no slower,
-while a searched plan is never slower than its quick one (the search starts from the same
-candidates). Which groups are searched depends on the plans alone, so it is the same on every
-machine and with any count of workers.
+The merged plan of a split is then exactly as quick as with every group searched: the slowest
+searched group is searched as before, and every other group's plan (quick or searched) is no
+slower, while a searched plan is never slower than its quick one (the search starts from the
+same candidates). Which groups are searched depends on the plans alone, so it is the same on
+every machine and with any count of workers. The moves of data nodes between groups
+(``decompose.probed_rows``) read every group's makespan, so they get ``spans``: a quick plan's
+scaled by the median share its searched groups kept of theirs; the splits they reach can still
+differ from those of every group searched (measured in the module's history).
 """
 
 from __future__ import annotations
@@ -55,6 +58,19 @@ class LazyGroups:
                                       seed=self.seed, budget=self.budget, thorough=self.thorough)
             self.searched.update(zip(todo, plans))
         return [self.plan(cost_key(sub)) for sub in subs]
+
+    def spans(self, subs: list[Problem]) -> list[float]:
+        """The makespans of a split's groups for moving data nodes between them: a searched
+        group's own, a quick one's scaled by ``searched_share`` (an estimate: a quick plan
+        overstates what its search reaches, which misled the choice of the group that takes a
+        data node). The slowest stays exact: it is searched, and no estimate passes it."""
+        plans, share = self.plans(subs), self.searched_share()
+        return [_span(plan) * (share if plan.meta.get("quick", False) else 1.0) for plan in plans]
+
+    def searched_share(self) -> float:
+        """The median over the searched groups of searched / quick makespan (at most 1; 1 with none)."""
+        shares = sorted(min(1.0, _span(plan) / _span(self.quick[key][0])) for key, plan in self.searched.items())
+        return shares[len(shares) // 2] if shares else 1.0
 
     def plan(self, key: bytes) -> Plan:
         """A group's plan: searched where it was, else quick."""

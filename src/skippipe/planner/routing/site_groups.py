@@ -231,7 +231,9 @@ def grouped_plan(
         return left_s >= 0.0
 
     try:
-        rows = decompose.probed_rows(problem, groups, sizes, plan_groups, SINGLE_ROUNDS,
+        spans = lazy.spans if lazy is not None else (
+            lambda subs: [float(plan.predicted_makespan_s or 0.0) for plan in plan_groups(subs)])
+        rows = decompose.probed_rows(problem, groups, sizes, spans, SINGLE_ROUNDS,
                                      None if left_s is None else affordable, single_free=not beside)
         subs = [decompose.sub_problem(problem, nodes, row) for nodes, row in zip(groups, rows)]
         parts = list(zip(groups, plan_groups(subs)))
