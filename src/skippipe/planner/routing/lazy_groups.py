@@ -5,8 +5,9 @@ quick as its slowest group: the groups share no node. Searching every group in f
 of the planning on groups far below the slowest (global uneven, 1,000 nodes: 40 groups of
 16-52 nodes, planned at 42.0-64.8 s in 89 s of CPU, the 15 largest, 26-52 nodes and 60 % of
 that CPU, all at 54.6 s or less). So every group first gets the quick part of its start
-(``workers.quick_plan``: its allocation, the ``skippipe-no-tc2``, balanced, memory-order and
-data-node-exchange routings, the quickest of them unsearched), and the full search
+(``workers.quick_plan``: its allocation, the balanced, memory-order and data-node-exchange
+routings, the quickest of them unsearched; ``skippipe-no-tc2`` only where none of them is
+built), and the full search
 (``plan_skippipe``, going on from that part) is given only to the groups whose quick plan is
 slower than every group searched so far: first the ``FIRST_SEARCHED`` slowest, then, round by
 round, every group whose quick plan is slower than the slowest searched one, until none is.
@@ -83,4 +84,5 @@ class LazyGroups:
         done = [_span(self.searched[key]) for key in keys if key in self.searched]
         if not done:
             return waiting[:FIRST_SEARCHED]
-        return [key for key in waiting if _span(self.plan(key)) > max(done)]
+        slowest = max(done)
+        return [key for key in waiting if _span(self.plan(key)) > slowest]

@@ -40,7 +40,9 @@ estimated wall clock (``grouped_wall_estimate``: every group once and the single
 planning workers) fits the planning-time target; else the whole search, as before. The rounds
 of many moves are planned there only while their estimate still fits (``grouped_plan``'s
 ``room_s``): on the 1,000-node global uneven suite row the one they would add took 18 s of
-wall clock, and without it the single moves reach the same plan (61.85 s).
+wall clock, and without it the single moves reach the same plan (61.85 s). Each group there
+is searched in full only where it could be the slowest (``lazy_groups``); the estimate still
+counts every group searched, so it errs on the safe side.
 """
 
 from __future__ import annotations
