@@ -3,15 +3,24 @@ over the free nodes, at most one chain node per microbatch, on few chains."""
 
 from __future__ import annotations
 
+from unittest import mock
+
 import numpy as np
 
 from skippipe.cluster_gen import single_site_cluster
 from skippipe.planfile import Microbatch, plan_violations
 from skippipe.planner.problem import build_problem
+from skippipe.planner.routing import static
 from skippipe.planner.routing.evaluate import Evaluator
 from skippipe.planner.routing.groups import NEAR_QUOTAS, chain_quota, near_chain_quotas, private_chain_sets
 from skippipe.planner.routing.schedule import _allocation, stage_orders
-from skippipe.planner.routing.static import _chain_routing, _gathered_leftovers, chain_candidate
+from skippipe.planner.routing.static import (
+    _chain_routing,
+    _free_visits_suffice,
+    _gathered_leftovers,
+    _residual,
+    chain_candidate,
+)
 from skippipe.workload import Workload
 from toy_plans import consecutive_stages
 
@@ -102,3 +111,24 @@ def test_the_near_chains_route_the_leftover_where_the_plain_quota_could_not():
     assert all(sum(x in chain_nodes for x in path) <= 1 for d, path in routes if d == left[0])
     plan = problem.make_plan(stages, [Microbatch(i, d, list(path)) for i, (d, path) in enumerate(routes)], "test", 0)
     assert not plan_violations(plan)
+
+
+def test_leftovers_are_refused_at_once_only_where_the_gathering_would_fail():
+    # the count of free visits is a necessary condition: wherever it refuses a chain set, the
+    # gathering without it fails too (it found no routing after routing part of them)
+    refused = 0
+    for n, S, L, seed in [(24, 6, 6, 0), (24, 9, 5, 2), (36, 6, 4, 0), (44, 9, 5, 0)]:
+        problem = build_problem(single_site_cluster(n, seed, speed=(0.5, 2.0)), Workload(num_stages=S, path_length=L))
+        stages = _allocation(problem, 0, None)
+        caps, seqs = problem.load_caps(stages), stage_orders(problem, stages)
+        m = problem.workload.microbatches_per_data_node
+        for chains in private_chain_sets(problem, stages, caps, seqs):
+            rest = [d for d in stages[0] if d not in chains]
+            owner = {x: d for d, chain in chains.items() for x in chain}
+            left = np.asarray(_residual(caps, chains, m))
+            if rest and not _free_visits_suffice(stages, owner, left, len(rest) * m, L - 1):
+                refused += 1
+                assert _gathered_leftovers(problem, stages, caps, seqs, chains) is None
+                with mock.patch.object(static, "_free_visits_suffice", return_value=True):
+                    assert _gathered_leftovers(problem, stages, caps, seqs, chains) is None
+    assert refused >= 3
