@@ -33,7 +33,8 @@ from skippipe.planner.routing.workers import GroupPlanner
 FIRST_SEARCHED = 2  # the slowest quick plans searched in the first round (a count, not the workers')
 
 
-def _span(plan: Plan) -> float:
+def plan_span(plan: Plan) -> float:
+    """A simulated plan's makespan (0 where none was predicted)."""
     return float(plan.predicted_makespan_s or 0.0)
 
 
@@ -66,11 +67,11 @@ class LazyGroups:
         overstates what its search reaches, which misled the choice of the group that takes a
         data node). The slowest stays exact: it is searched, and no estimate passes it."""
         plans, share = self.plans(subs), self.searched_share()
-        return [_span(plan) * (share if plan.meta.get("quick", False) else 1.0) for plan in plans]
+        return [plan_span(plan) * (share if plan.meta.get("quick", False) else 1.0) for plan in plans]
 
     def searched_share(self) -> float:
         """The median over the searched groups of searched / quick makespan (at most 1; 1 with none)."""
-        shares = sorted(min(1.0, _span(plan) / _span(self.quick[key][0])) for key, plan in self.searched.items())
+        shares = sorted(min(1.0, plan_span(plan) / plan_span(self.quick[key][0])) for key, plan in self.searched.items())
         return shares[len(shares) // 2] if shares else 1.0
 
     def plan(self, key: bytes) -> Plan:
@@ -80,9 +81,9 @@ class LazyGroups:
     def _to_search(self, keys: list[bytes]) -> list[bytes]:
         """The groups of a split to search next: with none searched the ``FIRST_SEARCHED`` slowest,
         else those slower than the slowest searched; none once the slowest is searched."""
-        waiting = sorted((key for key in keys if key not in self.searched), key=lambda key: -_span(self.plan(key)))
-        done = [_span(self.searched[key]) for key in keys if key in self.searched]
+        waiting = sorted((key for key in keys if key not in self.searched), key=lambda key: -plan_span(self.plan(key)))
+        done = [plan_span(self.searched[key]) for key in keys if key in self.searched]
         if not done:
             return waiting[:FIRST_SEARCHED]
         slowest = max(done)
-        return [key for key in waiting if _span(self.plan(key)) > slowest]
+        return [key for key in waiting if plan_span(self.plan(key)) > slowest]

@@ -57,7 +57,7 @@ from skippipe.planner.problem import Problem
 from skippipe.planner.routing import decompose
 from skippipe.planner.routing.budget import PLANNING_SHARE, SIM_OP_S, default_budget, operations, planning_target_s
 from skippipe.planner.routing.candidates import stage_orders
-from skippipe.planner.routing.lazy_groups import LazyGroups
+from skippipe.planner.routing.lazy_groups import LazyGroups, plan_span
 from skippipe.planner.routing.lookahead import lookahead_routes, lookahead_work
 from skippipe.planner.routing.pool import DEFAULT_WORKERS
 from skippipe.planner.routing.schedule import build_plan, plan_skippipe, quickest, safety_net
@@ -233,8 +233,7 @@ def grouped_plan(
         return left_s >= 0.0
 
     try:
-        spans = lazy.spans if lazy is not None else (
-            lambda subs: [float(plan.predicted_makespan_s or 0.0) for plan in plan_groups(subs)])
+        spans = lazy.spans if lazy is not None else lambda subs: [plan_span(plan) for plan in plan_groups(subs)]
         rows = decompose.probed_rows(problem, groups, sizes, spans, SINGLE_ROUNDS,
                                      None if left_s is None else affordable, single_free=not beside)
         subs = [decompose.sub_problem(problem, nodes, row) for nodes, row in zip(groups, rows)]
@@ -300,7 +299,7 @@ def looked_ahead(
     taken from the room: counts, so the same on every machine."""
     parts, tried = list(parts), set()
     while True:
-        i = max(range(len(parts)), key=lambda k: float(parts[k][1].predicted_makespan_s or 0.0))
+        i = max(range(len(parts)), key=lambda k: plan_span(parts[k][1]))
         if i in tried:
             return parts
         sub, (nodes, plan) = subs[i], parts[i]
