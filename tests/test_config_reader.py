@@ -10,6 +10,7 @@ import json
 import math
 import types
 import typing
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,8 +20,9 @@ from hypothesis import strategies as st
 from skippipe.cli import main
 from skippipe.cluster import ClusterFile, cluster_from_dict, load_cluster
 from skippipe.config_fields import check_fields, known_keys, read_config_file, read_dataclass, to_table
-from skippipe.errors import ClusterError, ConfigError, UserError, WorkloadError
+from skippipe.errors import ClusterError, ConfigError, PlanError, UserError, WorkloadError
 from skippipe.model.config import ModelConfig, model_config_from_dict
+from skippipe.planfile import load_plan
 from skippipe.planner.methods import method_names
 from skippipe.runtime.config import PlanSection, RunConfig, RunSection, RuntimeSection, load_run_config, run_config_from_dict
 from skippipe.train.config import TrainConfig, train_config_from_dict
@@ -227,6 +229,26 @@ def test_files_with_overlong_numbers_or_deep_nesting(tmp_path):
     t.write_text("transfer_s = [[0, 1e309], [1, 0]]\n")
     with pytest.raises(ClusterError, match=r"transfer_s\[0\]\[1\] must be a finite number, got inf"):
         load_cluster(str(t))
+
+
+def test_a_folder_or_an_unreadable_file_is_one_typed_error(tmp_path, monkeypatch):
+    folder = tmp_path / "cluster.json"
+    folder.mkdir()
+    with pytest.raises(ClusterError, match="a folder, not a file"):
+        load_cluster(str(folder))
+    with pytest.raises(PlanError, match="a folder, not a plan file"):
+        load_plan(folder)
+    f = tmp_path / "c.json"
+    f.write_text("{}")
+
+    def denied(self, *args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(Path, "read_text", denied)
+    with pytest.raises(ClusterError, match=r"cannot read it \(Permission denied\)"):
+        read_config_file(f, error=ClusterError)
+    with pytest.raises(PlanError, match=r"cannot read it \(Permission denied\)"):
+        load_plan(f)
 
 
 # ------------------------------------------------------------------------------ one source per fact

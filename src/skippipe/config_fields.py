@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar, Union
 
 from skippipe.errors import ConfigError
+from skippipe.fileio import not_a_file
 from skippipe.limits import FLOAT_INT_BITS, FLOAT_LIMIT, INT_LIMIT, MAX_CHARS, MAX_ITEMS
 
 T = TypeVar("T")
@@ -57,13 +58,15 @@ def read_config_file(
 ) -> dict[str, Any]:
     """A JSON or TOML file as a dict: ``.toml`` / ``.json`` by extension, else ``default_format``."""
     p = Path(path)
-    if not p.is_file():
-        raise error(f"no such {what}", where=str(p))
+    if (problem := not_a_file(p, what)) is not None:
+        raise error(problem, where=str(p))
     suffix = p.suffix.lower()
     fmt = "toml" if suffix == ".toml" else "json" if suffix == ".json" else default_format
     try:
-        text = p.read_text()
+        text = p.read_text(encoding="utf-8")
         data = tomllib.loads(text) if fmt == "toml" else json.loads(text)
+    except OSError as exc:  # no permission, an I/O error
+        raise error(f"cannot read it ({exc.strerror})", where=str(p)) from None
     except (json.JSONDecodeError, tomllib.TOMLDecodeError) as exc:
         raise error(f"not valid {fmt.upper()}: {exc}", where=str(p)) from None
     except UnicodeDecodeError:

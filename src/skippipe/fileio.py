@@ -125,16 +125,27 @@ def _probe(p: Path, base: Path, what: str) -> None:
         raise OutputError(f"{p}: cannot create the {what} in {base}: {exc.strerror}") from None
 
 
+def not_a_file(p: Path, what: str = "file") -> str | None:
+    """Why ``p`` cannot be read as a ``what`` (missing, a folder), or None when it is a file."""
+    if p.is_dir():
+        return f"a folder, not a {what}"
+    if not p.is_file():
+        return f"no such {what}"
+    return None
+
+
 def read_json(path: str | Path, error: Callable[[str], Exception], what: str = "file", label: str | None = None) -> object:
     """A JSON document read from a file another program may have written; every way it can be
-    unreadable (missing, not UTF-8, not JSON, a number too long, nested too deeply) is one
-    ``error(f"{label}: {problem}")``; ``label`` defaults to the path."""
+    unreadable (missing, a folder, not readable, not UTF-8, not JSON, a number too long, nested
+    too deeply) is one ``error(f"{label}: {problem}")``; ``label`` defaults to the path."""
     p = Path(path)
     label = str(p) if label is None else label
-    if not p.is_file():
-        raise error(f"{label}: no such {what}")
+    if (problem := not_a_file(p, what)) is not None:
+        raise error(f"{label}: {problem}")
     try:
         return json.loads(p.read_text(encoding="utf-8"))
+    except OSError as exc:  # no permission, an I/O error
+        raise error(f"{label}: cannot read it ({exc.strerror})") from None
     except json.JSONDecodeError as exc:
         raise error(f"{label}: not valid JSON ({exc})") from None
     except UnicodeDecodeError:
