@@ -301,6 +301,15 @@ def test_a_tc1_refusal_names_the_short_stages_and_their_fix():
     fixed = Workload(num_stages=5, path_length=5, microbatches_per_data_node=7, n_layers=10)
     assert build_problem(cluster, fixed).stage_sizes == [4, 1, 1, 1, 1]
     assert make_plan("skippipe", build_problem(cluster, fixed)).predicted_makespan_s > 0
+    # one node a stage (N = S) and L = S - 1, two very slow nodes: whichever node is the data
+    # node, the others' TC1 caps cannot carry the 24 visits (each microbatch skips one stage);
+    # no stage has a node to give, so the fix is the path length, the stages or the cluster
+    cluster = cluster_from_dict({"transfer_s": np.full((6, 6), 0.4).tolist(), "forward_s": [1.0, 40, 20, 2, 1.5, 1.0]})
+    workload = Workload(num_stages=6, path_length=5, microbatches_per_data_node=6, n_layers=6, stage_sizes=[1] * 6)
+    with pytest.raises(UserError) as refused:
+        make_plan("skippipe", build_problem(cluster, workload))
+    message = str(refused.value)
+    assert "every stage has one node: use a shorter path_length" in message and "more nodes (workload" not in message
 
 
 def test_fast_data_nodes_are_traded_when_no_dealing_carries_the_visits():

@@ -288,10 +288,14 @@ def tc1_refusal(caps: list[int], stages: list[list[int]], microbatches: int, pat
     """The one-line refusal when the stages' TC1 caps admit no routing of ``microbatches``."""
     sums = stage_cap_sums(caps, stages)[1:]
     short = [s + 1 for s, x in enumerate(sums) if x == min(sums)]
+    if any(len(s) > 1 for s in stages):
+        fix = (f"give stage(s) {', '.join(map(str, short))} more nodes (workload stage_sizes, --stage-sizes) "
+               "or use a shorter path_length")
+    else:  # no stage has a node to spare
+        fix = "every stage has one node: use a shorter path_length, fewer stages or a cluster of more nodes"
     return LoadCapsTooSmall(
         f"no routing respects the per-node load caps (TC1): the stages can take {sums} "
-        f"visits, too few for {microbatches} microbatches on paths of {path_length} stages; give stage(s) "
-        f"{', '.join(map(str, short))} more nodes (workload stage_sizes, --stage-sizes) or use a shorter path_length"
+        f"visits, too few for {microbatches} microbatches on paths of {path_length} stages; {fix}"
     )
 
 
