@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar, Union
 
 from skippipe.errors import ConfigError
-from skippipe.fileio import not_a_file
+from skippipe.fileio import read_text_file
 from skippipe.limits import FLOAT_INT_BITS, FLOAT_LIMIT, INT_LIMIT, MAX_CHARS, MAX_ITEMS
 
 T = TypeVar("T")
@@ -58,19 +58,13 @@ def read_config_file(
 ) -> dict[str, Any]:
     """A JSON or TOML file as a dict: ``.toml`` / ``.json`` by extension, else ``default_format``."""
     p = Path(path)
-    if (problem := not_a_file(p, what)) is not None:
-        raise error(problem, where=str(p))
+    text = read_text_file(p, lambda problem: error(problem, where=str(p)), what)
     suffix = p.suffix.lower()
     fmt = "toml" if suffix == ".toml" else "json" if suffix == ".json" else default_format
     try:
-        text = p.read_text(encoding="utf-8")
         data = tomllib.loads(text) if fmt == "toml" else json.loads(text)
-    except OSError as exc:  # no permission, an I/O error
-        raise error(f"cannot read it ({exc.strerror})", where=str(p)) from None
     except (json.JSONDecodeError, tomllib.TOMLDecodeError) as exc:
         raise error(f"not valid {fmt.upper()}: {exc}", where=str(p)) from None
-    except UnicodeDecodeError:
-        raise error("not a text file", where=str(p)) from None
     except ValueError:  # an integer of more than 4300 digits
         raise error(f"not valid {fmt.upper()}: a number is too long", where=str(p)) from None
     except RecursionError:

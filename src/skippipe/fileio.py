@@ -125,31 +125,32 @@ def _probe(p: Path, base: Path, what: str) -> None:
         raise OutputError(f"{p}: cannot create the {what} in {base}: {exc.strerror}") from None
 
 
-def not_a_file(p: Path, what: str = "file") -> str | None:
-    """Why ``p`` cannot be read as a ``what`` (missing, a folder), or None when it is a file."""
+def read_text_file(p: Path, fail: Callable[[str], Exception], what: str = "file") -> str:
+    """The UTF-8 text of a file another program may have written; every way it cannot be read
+    (missing, a folder, no permission or an I/O error, not UTF-8) is one ``fail(problem)``."""
     if p.is_dir():
-        return f"a folder, not a {what}"
+        raise fail(f"a folder, not a {what}")
     if not p.is_file():
-        return f"no such {what}"
-    return None
+        raise fail(f"no such {what}")
+    try:
+        return p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise fail(f"cannot read it ({exc.strerror})") from None
+    except UnicodeDecodeError:
+        raise fail("not a text file (not UTF-8)") from None
 
 
 def read_json(path: str | Path, error: Callable[[str], Exception], what: str = "file", label: str | None = None) -> object:
     """A JSON document read from a file another program may have written; every way it can be
-    unreadable (missing, a folder, not readable, not UTF-8, not JSON, a number too long, nested
-    too deeply) is one ``error(f"{label}: {problem}")``; ``label`` defaults to the path."""
+    unreadable (``read_text_file``'s, not JSON, a number too long, nested too deeply) is one
+    ``error(f"{label}: {problem}")``; ``label`` defaults to the path."""
     p = Path(path)
     label = str(p) if label is None else label
-    if (problem := not_a_file(p, what)) is not None:
-        raise error(f"{label}: {problem}")
+    text = read_text_file(p, lambda problem: error(f"{label}: {problem}"), what)
     try:
-        return json.loads(p.read_text(encoding="utf-8"))
-    except OSError as exc:  # no permission, an I/O error
-        raise error(f"{label}: cannot read it ({exc.strerror})") from None
+        return json.loads(text)
     except json.JSONDecodeError as exc:
         raise error(f"{label}: not valid JSON ({exc})") from None
-    except UnicodeDecodeError:
-        raise error(f"{label}: not a text file (not UTF-8)") from None
     except ValueError:  # an integer of more than 4300 digits
         raise error(f"{label}: not valid JSON (a number is too long)") from None
     except RecursionError:
