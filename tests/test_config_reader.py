@@ -234,7 +234,7 @@ def test_files_with_overlong_numbers_or_deep_nesting(tmp_path):
 def test_a_folder_or_an_unreadable_file_is_one_typed_error(tmp_path, monkeypatch):
     folder = tmp_path / "cluster.json"
     folder.mkdir()
-    with pytest.raises(ClusterError, match="a folder, not a file"):
+    with pytest.raises(ClusterError, match="a folder, not a cluster file"):
         load_cluster(str(folder))
     with pytest.raises(PlanError, match="a folder, not a plan file"):
         load_plan(folder)
@@ -249,6 +249,22 @@ def test_a_folder_or_an_unreadable_file_is_one_typed_error(tmp_path, monkeypatch
         read_config_file(f, error=ClusterError)
     with pytest.raises(PlanError, match=r"cannot read it \(Permission denied\)"):
         load_plan(f)
+
+
+def test_a_file_of_another_kind_is_named_as_such(tmp_path):
+    """A plan file given where a cluster, workload or run config is expected says what it is;
+    a cluster file given as a plan says that it is not one."""
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"format": "skippipe-plan", "version": 2, "stages": [[0], [1]]}))
+    with pytest.raises(ClusterError, match="a skippipe-plan file, not a cluster file"):
+        load_cluster(str(plan))
+    with pytest.raises(ConfigError, match="a skippipe-plan file, not a config file"):
+        load_run_config(plan)
+    cluster = tmp_path / "cluster.json"
+    cluster.write_text(json.dumps({"transfer_s": [[0, 1], [1, 0]]}))
+    assert load_cluster(str(cluster)).n == 2
+    with pytest.raises(PlanError, match="not a plan file"):
+        load_plan(cluster)
 
 
 # ------------------------------------------------------------------------------ one source per fact

@@ -96,8 +96,8 @@ BAD_FLAGS = {
     "unknown preset table": (["--cluster", "gcp-1999/geo-distributed/20"], "unknown network table"),
     "unknown preset setting": (["--cluster", "gcp-2025/moon-base/20"], "unknown setting"),
     "unknown cluster name": (["--cluster", "nowhere"], "unknown cluster"),
-    "missing cluster file": (["--cluster", "missing.json"], "no such file"),
-    "cluster path is a folder": (["--cluster", "."], "a folder, not a file"),
+    "missing cluster file": (["--cluster", "missing.json"], "no such cluster file"),
+    "cluster path is a folder": (["--cluster", "."], "a folder, not a cluster file"),
     "L larger than S": (["--cluster", "gcp-2025/geo-distributed/20", "--stages", "4", "--path-length", "5"], "path_length L=5"),
     "stage sizes do not add up": (
         ["--cluster", "gcp-2025/geo-distributed/20", "--stage-sizes", "5,3,3,3,3,2"],

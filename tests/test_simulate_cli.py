@@ -92,6 +92,7 @@ def test_fifo_ignores_processing_order(tmp_path, capsys):
         (None, [], "no such plan file"),
         ('{"version": 1, "stages": [[0', [], "not valid JSON"),
         ('{"version": 1}', [], "missing required key"),
+        ('{"transfer_s": [[0, 1], [1, 0]]}', [], "not a plan file (it has no format 'skippipe-plan')"),
         ("ok", ["--gantt", "chart.jpg"], "PNG"),
     ],
 )

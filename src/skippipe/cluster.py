@@ -182,7 +182,7 @@ def parse_preset(spec: str) -> Cluster:
 
 def read_config_file(path: str | Path) -> dict[str, Any]:
     """Read a JSON or TOML file (by extension; JSON otherwise) into a dict, with one-line errors."""
-    return read_json_or_toml(path, default_format="json", error=ClusterError)
+    return read_json_or_toml(path, default_format="json", error=ClusterError, what="cluster file")
 
 
 PER_NODE = {"max_len": MAX_NODES}  # lists and matrices have one entry per node

@@ -71,6 +71,9 @@ def read_config_file(
         raise error(f"not valid {fmt.upper()}: nested too deeply", where=str(p)) from None
     if not isinstance(data, dict):
         raise error("expected a table/object at the top level", where=str(p))
+    declared = data.get("format")
+    if isinstance(declared, str):  # config files have no "format": this one is another kind (a plan file ...)
+        raise error(f"a {declared} file, not a {what}", where=str(p))
     return data
 
 

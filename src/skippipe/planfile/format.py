@@ -236,6 +236,8 @@ def _int_lists(value: Any, what: str) -> list[list[int]]:
 def _plan_from_dict(data: Any, where: str) -> Plan:
     if not isinstance(data, dict):
         raise PlanError(f"{where}: a plan must be a JSON object")
+    if "format" not in data and "version" not in data:
+        raise PlanError(f"{where}: not a plan file (it has no format {PLAN_FORMAT!r}): write one with `skippipe plan`")
     fmt = data.get("format", PLAN_FORMAT)
     if fmt != PLAN_FORMAT:
         raise PlanError(f"{where}: format is {fmt!r}, expected {PLAN_FORMAT!r}")
