@@ -112,6 +112,37 @@ def test_bad_input_one_line_exit_2(tmp_path, plan_file, content, extra, message)
     assert not (tmp_path / "chart.jpg").exists()
 
 
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda d: d["microbatches"][0].update(release_s=1e300), "release_s is too large: 1e+300 (the limit is 1e+12)"),
+        (lambda d: d.update(memory=10**12), "memory is too large: 1000000000000 (the limit is 2**31)"),
+        (lambda d: d["costs"]["forward_s"].__setitem__(0, 1e13), "costs hold seconds above the limit of 1e+12"),
+    ],
+)
+def test_plan_values_beyond_the_limits_are_refused(tmp_path, plan_file, capsys, edit, message):
+    """A plan file is held to the same limits as config files (``skippipe.limits``): a value of
+    1e300 seconds is a typo, not a makespan to print."""
+    doc = json.loads(plan_file.read_text())
+    edit(doc)
+    path = tmp_path / "big.json"
+    path.write_text(json.dumps(doc))
+    assert main(["simulate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and message in err, err
+
+
+def test_a_reader_that_goes_away_stops_it_quietly(plan_file):
+    """`skippipe simulate plan.json | head -1`: no error line when the pipe closes early."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "skippipe.cli", "simulate", str(plan_file)], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait() == 141 and err == ""
+
+
 def test_round_trip_breakdown_adds_up(plan_file, capsys):
     """The mean round trip is its compute, hops and waiting; with no other traffic a lone
     microbatch waits only for the gaps after its operations."""

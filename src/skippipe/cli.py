@@ -70,12 +70,17 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         module = importlib.import_module(f"skippipe.commands.{args.command}")
-        return int(module.run(args) or 0)
+        code = int(module.run(args) or 0)
+        sys.stdout.flush()  # a reader that went away is found here, not at exit
+        return code
     except SkipPipeError as exc:
         return _fail(args.command, str(exc), exc.exit_code)
     except KeyboardInterrupt:
         print(f"skippipe {args.command}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # whoever read the output stopped (`| head`): stop quietly, as cat does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the flush at exit must not fail again
+        return 141  # 128 + SIGPIPE
     except OSError as exc:  # a file or folder the command could not read or write
         where = f"{exc.filename}: " if exc.filename else ""
         return _fail(args.command, f"{where}{exc.strerror or exc}", 2)

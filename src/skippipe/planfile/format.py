@@ -36,6 +36,7 @@ import numpy as np
 
 from skippipe.costs import BACKWARD_FACTOR, INJECT_GAP_S, LOSS_FACTOR, OP_GAP_S, OpCostRule
 from skippipe.errors import PlanError
+from skippipe.limits import FLOAT_LIMIT, INT_LIMIT
 
 PLAN_FORMAT = "skippipe-plan"
 # version 2: ``max_jump`` bounds how far past the frontier a visit may go (s - frontier <=
@@ -218,12 +219,16 @@ def _list(value: Any, where: str) -> list[Any]:
 def _int(value: Any, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise PlanError(f"{what} must be an integer, got {value!r}")
+    if abs(value) > INT_LIMIT:
+        raise PlanError(f"{what} is too large: {value} (the limit is 2**31)")
     return value
 
 
 def _num(value: Any, what: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise PlanError(f"{what} must be a finite number, got {value!r}")
+    if abs(value) > FLOAT_LIMIT:
+        raise PlanError(f"{what} is too large: {value:g} (the limit is {FLOAT_LIMIT:g})")
     return float(value)
 
 
@@ -264,6 +269,8 @@ def _plan_from_dict(data: Any, where: str) -> Plan:
         raise PlanError(f"{where}: costs.transfer_s must hold finite non-negative seconds")
     if not np.all(np.isfinite(forward)) or np.any(forward <= 0):
         raise PlanError(f"{where}: costs.forward_s must hold positive seconds")
+    if max(transfer.max(), forward.max()) > FLOAT_LIMIT:
+        raise PlanError(f"{where}: costs hold seconds above the limit of {FLOAT_LIMIT:g}")
     costs = Costs(
         transfer_s=transfer,
         forward_s=forward,
