@@ -116,6 +116,46 @@ def test_jsonl_records_are_documents_split_by_hash(tmp_path):
     assert sorted(val) == sorted(r["text"] for r in recs if hash_fraction(r["text"]) < 0.25)
 
 
+def test_json_files_of_records_as_hugging_face_writes_them(tmp_path):
+    """A ``.json`` file of JSON Lines (``Dataset.to_json``'s default) or of one array of records
+    prepares the same dataset as the ``.jsonl`` file; other JSON is one line."""
+    recs = [{"text": f"record {i} " * (1 + i % 5), "id": i} for i in range(40)]
+    lines = "\n".join(json.dumps(r) for r in recs) + "\n"
+    (tmp_path / "a.jsonl").write_text(lines)
+    (tmp_path / "b.json").write_text(lines)
+    (tmp_path / "c.json").write_text("  \n" + json.dumps(recs, indent=2))
+    got = []
+    for name in ("a.jsonl", "b.json", "c.json"):
+        prepare_dataset([tmp_path / name], tmp_path / f"ds-{name}", tokenizer="bytes", val_fraction=0.25, progress=False)
+        data = load_prepared(tmp_path / f"ds-{name}")
+        got.append((_decoded_docs(data.tokenizer, data.train), _decoded_docs(data.tokenizer, data.val)))
+    assert got[0] == got[1] == got[2] and len(got[0][0]) + len(got[0][1]) == 40
+    for text, message in [("42", "not JSON records"), ("", "not JSON records"),
+                          ('[{"text": "a"}, {"body": "b"}]', "record 1: no string field 'text'"),
+                          ('{"transfer_s": [[0, 1], [1, 0]]}', ":1: no string field 'text'")]:
+        (tmp_path / "bad.json").write_text(text)
+        with pytest.raises(DataError, match=message):
+            prepare_dataset([tmp_path / "bad.json"], tmp_path / "out", tokenizer="bytes", progress=False)
+        assert not (tmp_path / "out").exists()
+
+
+def test_a_failed_prepare_leaves_nothing_behind(tmp_path):
+    """Shards already finished when a later record fails, or when no document falls into the
+    validation split, are removed; a folder the run made is removed, one the user made stays."""
+    good = "".join(json.dumps({"text": f"document {i} " * 50}) + "\n" for i in range(200))
+    bad = tmp_path / "late.jsonl"
+    bad.write_text(good + '{"body": "no text"}\n')
+    with pytest.raises(DataError, match=r"late.jsonl:201: no string field"):
+        prepare_dataset([bad], tmp_path / "new", tokenizer="bytes", shard_tokens=500, progress=False)
+    assert not (tmp_path / "new").exists()
+    (tmp_path / "mine").mkdir()
+    one = tmp_path / "one.jsonl"
+    one.write_text(json.dumps({"text": "a single record"}) + "\n")
+    with pytest.raises(DataError, match="no document fell into the validation split"):
+        prepare_dataset([one], tmp_path / "mine", tokenizer="bytes", progress=False)
+    assert (tmp_path / "mine").is_dir() and list((tmp_path / "mine").iterdir()) == []
+
+
 def test_a_single_text_file_keeps_its_tail_for_validation(tmp_path):
     f = tmp_path / "one.txt"
     f.write_text("".join(f"line {i}\n" for i in range(400)))

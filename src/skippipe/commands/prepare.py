@@ -11,7 +11,8 @@ from skippipe.limits import MAX_VOCAB
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("inputs", nargs="+", metavar="INPUT", help="text files, folders of them, or JSON Lines files (.jsonl)")
+    p.add_argument("inputs", nargs="+", metavar="INPUT",
+                   help="text files, folders of them, JSON Lines files (.jsonl) or .json files of records")
     p.add_argument("--out", required=True, metavar="DIR", help="output folder (new or empty; with --force: replaces a dataset)")
     p.add_argument("--tokenizer", default="bpe",
                    help="'bpe' (train a byte-level BPE here, default), 'bytes', 'gpt2', or a tokenizer.json path")

@@ -2,7 +2,8 @@
 
 Inputs are text files, folders of them (searched recursively for ``TEXT_SUFFIXES`` and
 ``.jsonl``; hidden files skipped) and JSON Lines files with a text field (one document per
-line). A text file is one document; a JSON Lines record is one document.
+line). A ``.json`` file given by name holds JSON Lines (as Hugging Face's ``to_json`` writes
+them) or one array of records. A text file is one document; a record is one document.
 
 - **Split by document**, deterministic: a document goes to validation when the hash of its key
   (a text file's path relative to its input, a record's text) falls below ``val_fraction``, so
@@ -35,6 +36,7 @@ from skippipe.errors import DataError
 
 TEXT_SUFFIXES = (".txt", ".text", ".md", ".markdown", ".rst")
 JSONL_SUFFIXES = (".jsonl", ".ndjson")
+JSON_SUFFIX = ".json"  # JSON Lines or an array of records, told apart by the first character
 CHUNK_CHARS = 4 << 20  # big text files are read in pieces of about this many characters
 BATCH_CHARS = 8 << 20  # characters encoded per encode_batch call
 
@@ -43,7 +45,8 @@ BATCH_CHARS = 8 << 20  # characters encoded per encode_batch call
 class InputFile:
     path: Path
     key: str  # path relative to the input it was found under
-    jsonl: bool
+    jsonl: bool  # records of a text field (JSON Lines, or an array when ``array``), not a text file
+    array: bool = False
 
 
 @dataclass
@@ -71,7 +74,9 @@ def find_inputs(inputs: list[str | Path]) -> list[InputFile]:
     out: list[InputFile] = []
     for item in inputs:
         p = Path(item)
-        if p.is_file():
+        if p.is_file() and p.suffix.lower() == JSON_SUFFIX:
+            out.append(InputFile(p, p.name, True, _holds_an_array(p)))
+        elif p.is_file():
             out.append(InputFile(p, p.name, p.suffix.lower() in JSONL_SUFFIXES))
         elif p.is_dir():
             found = sorted(
@@ -87,6 +92,16 @@ def find_inputs(inputs: list[str | Path]) -> list[InputFile]:
     if not out:
         raise DataError("prepare: no input given")
     return out
+
+
+def _holds_an_array(path: Path) -> bool:
+    """Whether a ``.json`` input is one array of records (``[``) rather than JSON Lines (``{``)."""
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        while (char := fh.read(1)).isspace():
+            pass
+    if not char or char not in "[{":
+        raise DataError(f"{path}: not JSON records: a .json input holds JSON Lines (an object a line) or an array of objects")
+    return char == "["
 
 
 def hash_fraction(key: str) -> float:
@@ -126,6 +141,9 @@ def _read_text_pieces(path: Path) -> Iterator[str]:
 
 
 def _jsonl_records(f: InputFile, text_field: str) -> Iterator[tuple[int, str]]:
+    if f.array:
+        yield from _array_records(f, text_field)
+        return
     with open(f.path, encoding="utf-8", errors="replace") as fh:
         for n, line in enumerate(fh, 1):
             if not line.strip():
@@ -133,10 +151,26 @@ def _jsonl_records(f: InputFile, text_field: str) -> Iterator[tuple[int, str]]:
             try:
                 rec = json.loads(line)
             except json.JSONDecodeError:
-                raise DataError(f"{f.path}:{n}: not valid JSON") from None
-            if not isinstance(rec, dict) or not isinstance(rec.get(text_field), str):
-                raise DataError(f"{f.path}:{n}: no string field {text_field!r} (choose the field with --text-field)")
-            yield n, rec[text_field]
+                raise DataError(f"{f.path}:{n}: not valid JSON (JSON Lines hold one record a line)") from None
+            yield n, _record_text(rec, text_field, f"{f.path}:{n}")
+
+
+def _array_records(f: InputFile, text_field: str) -> Iterator[tuple[int, str]]:
+    """The records of a ``.json`` file holding one array (read whole: such files are small)."""
+    try:
+        records = json.loads(f.path.read_text(encoding="utf-8", errors="replace"))
+    except (json.JSONDecodeError, RecursionError):
+        raise DataError(f"{f.path}: not valid JSON") from None
+    if not isinstance(records, list):
+        raise DataError(f"{f.path}: not an array of records")
+    for i, rec in enumerate(records):
+        yield i, _record_text(rec, text_field, f"{f.path}: record {i}")
+
+
+def _record_text(rec: Any, text_field: str, where: str) -> str:
+    if not isinstance(rec, dict) or not isinstance(rec.get(text_field), str):
+        raise DataError(f"{where}: no string field {text_field!r} (choose the field with --text-field)")
+    return rec[text_field]
 
 
 def iter_pieces(
@@ -195,8 +229,6 @@ def prepare_dataset(
     shard_tokens: int = DEFAULT_SHARD_TOKENS, force: bool = False, progress: bool = True,
     bpe_train_chars: int = 1 << 30,
 ) -> PrepareSummary:
-    from tqdm import tqdm
-
     t0 = time.monotonic()
     if not 0 < val_fraction < 0.5:
         raise DataError(f"prepare: the validation fraction must be in (0, 0.5), got {val_fraction}")
@@ -218,7 +250,24 @@ def prepare_dataset(
         (folder / INDEX).unlink()
     elif folder.exists() and any(folder.iterdir()):
         raise DataError(f"{folder} exists and is not empty; choose an empty or new folder")
+    created = not folder.exists()
     folder.mkdir(parents=True, exist_ok=True)
+    try:
+        return _write_dataset(folder, files, inputs, tokenizer, vocab_size, val_fraction, split, text_field,
+                              shard_tokens, progress, bpe_train_chars, t0)
+    except BaseException:
+        if created and not any(folder.iterdir()):
+            folder.rmdir()  # made by this run and left empty by the writers' abort
+        raise
+
+
+def _write_dataset(
+    folder: Path, files: list[InputFile], inputs: list[str | Path], tokenizer: str, vocab_size: int,
+    val_fraction: float, split: str, text_field: str, shard_tokens: int, progress: bool, bpe_train_chars: int,
+    t0: float,
+) -> PrepareSummary:
+    """Tokenizer, shards, then the index (last); on any failure the shards written are removed."""
+    from tqdm import tqdm
 
     tok = make_tokenizer(tokenizer, files, vocab_size, val_fraction, split, text_field, bpe_train_chars)
     dtype = token_dtype(tok.vocab_size)
@@ -249,16 +298,18 @@ def prepare_dataset(
                 flush()
         flush()
         result = {s: w.finish() for s, w in writers.items()}
+        if result["train"]["tokens"] == 0:
+            raise DataError(f"prepare: no training text in {', '.join(map(str, inputs))}")
+        if result["val"]["tokens"] == 0:
+            raise DataError(
+                f"prepare: no document fell into the validation split (fraction {val_fraction}); raise --val-fraction"
+            )
     except BaseException:
         for w in writers.values():
             w.abort()
         raise
     finally:
         bar.close()
-    if result["train"]["tokens"] == 0:
-        raise DataError(f"prepare: no training text in {', '.join(map(str, inputs))}")
-    if result["val"]["tokens"] == 0:
-        raise DataError(f"prepare: no document fell into the validation split (fraction {val_fraction}); raise --val-fraction")
     if getattr(tok, "kind", "") == "bytes":
         tok_entry = "bytes"
     else:

@@ -94,10 +94,14 @@ class ShardWriter:
         return {"shards": self.shards, "tokens": sum(s["tokens"] for s in self.shards), "documents": self.documents}
 
     def abort(self) -> None:
+        """Remove every file this writer wrote (finished shards too): nothing half-written stays."""
         if self._fh is not None:
             self._fh.close()
         if self._tmp is not None and self._tmp.exists():
             self._tmp.unlink()
+        for shard in self.shards:
+            (self.folder / shard["file"]).unlink(missing_ok=True)
+        self.shards.clear()
 
 
 class TokenShards:
