@@ -2,6 +2,7 @@
 the split by document, epoch sampling (each data node its share, a resume continues the stream),
 tokenizers beyond the built-in BPE, and the one-line errors."""
 
+import gzip
 import json
 import subprocess
 import sys
@@ -137,6 +138,37 @@ def test_json_files_of_records_as_hugging_face_writes_them(tmp_path):
         with pytest.raises(DataError, match=message):
             prepare_dataset([tmp_path / "bad.json"], tmp_path / "out", tokenizer="bytes", progress=False)
         assert not (tmp_path / "out").exists()
+
+
+def test_gzipped_inputs_prepare_as_the_plain_ones(tmp_path):
+    """``.txt.gz`` / ``.jsonl.gz`` / ``.json.gz``, given by name or found in a folder, prepare the
+    same dataset as the same files uncompressed; a file that is not gzip, or is cut off, is one line."""
+    texts = {f"doc{i}.txt": "".join(f"line {j} of document {i}\n" for j in range(30 + i)) for i in range(6)}
+    records = "".join(json.dumps({"text": f"record {i} " * 7}) + "\n" for i in range(30))
+    plain, packed = tmp_path / "plain", tmp_path / "packed"
+    for folder, wrap in ((plain, lambda b: b), (packed, gzip.compress)):
+        folder.mkdir()
+        suffix = ".gz" if folder is packed else ""
+        for name, text in texts.items():
+            (folder / (name + suffix)).write_bytes(wrap(text.encode()))
+        (folder / ("records.jsonl" + suffix)).write_bytes(wrap(records.encode()))
+    got = []
+    for folder in (plain, packed):
+        prepare_dataset([folder], tmp_path / f"ds-{folder.name}", tokenizer="bytes", val_fraction=0.3, progress=False)
+        data = load_prepared(tmp_path / f"ds-{folder.name}")
+        got.append((_decoded_docs(data.tokenizer, data.train), _decoded_docs(data.tokenizer, data.val)))
+    assert got[0] == got[1] and len(got[0][0]) + len(got[0][1]) == 36
+    (tmp_path / "records.json.gz").write_bytes(gzip.compress(records.encode()))
+    summary = prepare_dataset([tmp_path / "records.json.gz"], tmp_path / "ds-json", tokenizer="bytes", progress=False)
+    assert summary.documents["train"] + summary.documents["val"] == 30
+    (tmp_path / "fake.txt.gz").write_text("not gzip at all")
+    (tmp_path / "cut.jsonl.gz").write_bytes(gzip.compress(records.encode())[:-20])
+    for name, message in (("fake.txt.gz", "cannot decompress it"), ("cut.jsonl.gz", "cannot decompress it")):
+        out = subprocess.run([sys.executable, "-m", "skippipe.cli", "prepare", str(tmp_path / name), "--out",
+                              str(tmp_path / "o"), "--tokenizer", "bytes", "--no-progress"], capture_output=True, text=True)
+        assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+        assert len(out.stderr.strip().splitlines()) == 1 and message in out.stderr and name in out.stderr
+        assert not (tmp_path / "o").exists()
 
 
 def test_a_failed_prepare_leaves_nothing_behind(tmp_path):

@@ -12,7 +12,7 @@ from skippipe.limits import MAX_VOCAB
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("inputs", nargs="+", metavar="INPUT",
-                   help="text files, folders of them, JSON Lines files (.jsonl) or .json files of records")
+                   help="text files, folders of them, JSON Lines files (.jsonl) or .json files of records; .gz too")
     p.add_argument("--out", required=True, metavar="DIR", help="output folder (new or empty; with --force: replaces a dataset)")
     p.add_argument("--tokenizer", default="bpe",
                    help="'bpe' (train a byte-level BPE here, default), 'bytes', 'gpt2', or a tokenizer.json path")

@@ -3,7 +3,8 @@
 Inputs are text files, folders of them (searched recursively for ``TEXT_SUFFIXES`` and
 ``.jsonl``; hidden files skipped) and JSON Lines files with a text field (one document per
 line). A ``.json`` file given by name holds JSON Lines (as Hugging Face's ``to_json`` writes
-them) or one array of records. A text file is one document; a record is one document.
+them) or one array of records. Any of them may be gzipped (``.txt.gz``, ``.jsonl.gz``). A text
+file is one document; a record is one document.
 
 - **Split by document**, deterministic: a document goes to validation when the hash of its key
   (a text file's path relative to its input, a record's text) falls below ``val_fraction``, so
@@ -20,13 +21,16 @@ them) or one array of records. A text file is one document; a record is one docu
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import time
+import zlib
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from skippipe.data.corpora import split_document
 from skippipe.data.shards import DEFAULT_SHARD_TOKENS, INDEX, ShardWriter, read_index, token_dtype, write_index
@@ -37,6 +41,7 @@ from skippipe.errors import DataError
 TEXT_SUFFIXES = (".txt", ".text", ".md", ".markdown", ".rst")
 JSONL_SUFFIXES = (".jsonl", ".ndjson")
 JSON_SUFFIX = ".json"  # JSON Lines or an array of records, told apart by the first character
+GZIP_SUFFIX = ".gz"  # any input may be gzipped: its kind is the suffix before this one
 CHUNK_CHARS = 4 << 20  # big text files are read in pieces of about this many characters
 BATCH_CHARS = 8 << 20  # characters encoded per encode_batch call
 
@@ -44,7 +49,7 @@ BATCH_CHARS = 8 << 20  # characters encoded per encode_batch call
 @dataclass(frozen=True)
 class InputFile:
     path: Path
-    key: str  # path relative to the input it was found under
+    key: str  # path relative to the input it was found under, without .gz
     jsonl: bool  # records of a text field (JSON Lines, or an array when ``array``), not a text file
     array: bool = False
 
@@ -74,19 +79,19 @@ def find_inputs(inputs: list[str | Path]) -> list[InputFile]:
     out: list[InputFile] = []
     for item in inputs:
         p = Path(item)
-        if p.is_file() and p.suffix.lower() == JSON_SUFFIX:
-            out.append(InputFile(p, p.name, True, _holds_an_array(p)))
+        if p.is_file() and _kind_suffix(p) == JSON_SUFFIX:
+            out.append(InputFile(p, _key(p.name), True, _holds_an_array(p)))
         elif p.is_file():
-            out.append(InputFile(p, p.name, p.suffix.lower() in JSONL_SUFFIXES))
+            out.append(InputFile(p, _key(p.name), _kind_suffix(p) in JSONL_SUFFIXES))
         elif p.is_dir():
             found = sorted(
                 f for f in p.rglob("*")
                 if f.is_file() and not any(part.startswith(".") for part in f.relative_to(p).parts)
-                and f.suffix.lower() in TEXT_SUFFIXES + JSONL_SUFFIXES
+                and _kind_suffix(f) in TEXT_SUFFIXES + JSONL_SUFFIXES
             )
             if not found:
                 raise DataError(f"{p}: no text files ({', '.join(TEXT_SUFFIXES)}) or JSON Lines files (.jsonl) in this folder")
-            out += [InputFile(f, str(f.relative_to(p)), f.suffix.lower() in JSONL_SUFFIXES) for f in found]
+            out += [InputFile(f, _key(str(f.relative_to(p))), _kind_suffix(f) in JSONL_SUFFIXES) for f in found]
         else:
             raise DataError(f"{p}: no such file or folder")
     if not out:
@@ -94,9 +99,37 @@ def find_inputs(inputs: list[str | Path]) -> list[InputFile]:
     return out
 
 
+def _key(name: str) -> str:
+    """The key a file's split is drawn from: its name without ``.gz``, so that compressing a
+    corpus does not move its documents between the splits."""
+    return name[: -len(GZIP_SUFFIX)] if name.lower().endswith(GZIP_SUFFIX) else name
+
+
+def _kind_suffix(path: Path) -> str:
+    """The suffix that says what a file holds: ``.jsonl`` for ``a.jsonl`` and ``a.jsonl.gz``."""
+    suffixes = [x.lower() for x in path.suffixes]
+    return suffixes[-2] if len(suffixes) >= 2 and suffixes[-1] == GZIP_SUFFIX else path.suffix.lower()
+
+
+def _open_text(path: Path, newline: str | None = None) -> IO[str]:
+    """A text file, or a gzipped one, for reading as UTF-8 (bad bytes replaced)."""
+    if path.suffix.lower() == GZIP_SUFFIX:
+        return gzip.open(path, "rt", encoding="utf-8", errors="replace", newline=newline)
+    return open(path, encoding="utf-8", errors="replace", newline=newline)
+
+
+@contextmanager
+def _decompressing(path: Path) -> Iterator[None]:
+    """A gzipped input that is not gzip or is cut off is one line, not a traceback."""
+    try:
+        yield
+    except (gzip.BadGzipFile, EOFError, zlib.error) as exc:
+        raise DataError(f"{path}: cannot decompress it ({exc})") from None
+
+
 def _holds_an_array(path: Path) -> bool:
     """Whether a ``.json`` input is one array of records (``[``) rather than JSON Lines (``{``)."""
-    with open(path, encoding="utf-8", errors="replace") as fh:
+    with _decompressing(path), _open_text(path) as fh:
         while (char := fh.read(1)).isspace():
             pass
     if not char or char not in "[{":
@@ -123,7 +156,7 @@ def file_splits(files: list[InputFile], val_fraction: float) -> dict[str, str]:
 
 def _read_text_pieces(path: Path) -> Iterator[str]:
     """A text file in pieces of about ``CHUNK_CHARS`` characters, each cut after a line break."""
-    with open(path, encoding="utf-8", errors="replace", newline="") as fh:
+    with _decompressing(path), _open_text(path, newline="") as fh:
         rest = ""
         while True:
             block = fh.read(CHUNK_CHARS)
@@ -144,7 +177,7 @@ def _jsonl_records(f: InputFile, text_field: str) -> Iterator[tuple[int, str]]:
     if f.array:
         yield from _array_records(f, text_field)
         return
-    with open(f.path, encoding="utf-8", errors="replace") as fh:
+    with _decompressing(f.path), _open_text(f.path) as fh:
         for n, line in enumerate(fh, 1):
             if not line.strip():
                 continue
@@ -158,7 +191,8 @@ def _jsonl_records(f: InputFile, text_field: str) -> Iterator[tuple[int, str]]:
 def _array_records(f: InputFile, text_field: str) -> Iterator[tuple[int, str]]:
     """The records of a ``.json`` file holding one array (read whole: such files are small)."""
     try:
-        records = json.loads(f.path.read_text(encoding="utf-8", errors="replace"))
+        with _decompressing(f.path), _open_text(f.path) as fh:
+            records = json.loads(fh.read())
     except (json.JSONDecodeError, RecursionError):
         raise DataError(f"{f.path}: not valid JSON") from None
     if not isinstance(records, list):
@@ -189,7 +223,8 @@ def iter_pieces(
                 else:
                     yield ("val" if hash_fraction(text) < val_fraction else "train"), text, True, size
         elif split == "tail":
-            text = f.path.read_text(encoding="utf-8", errors="replace")
+            with _decompressing(f.path), _open_text(f.path) as fh:
+                text = fh.read()
             a, b = split_document(text, val_fraction)
             yield "train", a, True, f.path.stat().st_size
             yield "val", b, True, 0
@@ -272,7 +307,8 @@ def _write_dataset(
     tok = make_tokenizer(tokenizer, files, vocab_size, val_fraction, split, text_field, bpe_train_chars)
     dtype = token_dtype(tok.vocab_size)
     writers = {s: ShardWriter(folder, s, dtype, shard_tokens) for s in ("train", "val")}
-    total = sum(f.path.stat().st_size for f in files)
+    gzipped = any(f.path.suffix.lower() == GZIP_SUFFIX for f in files)  # their text's size is unknown
+    total = None if gzipped else sum(f.path.stat().st_size for f in files)
     bar = tqdm(total=total, unit="B", unit_scale=True, desc="prepare", disable=not progress, dynamic_ncols=True)
     batch: list[tuple[str, str, bool]] = []
     chars = 0
