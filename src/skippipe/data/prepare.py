@@ -288,8 +288,10 @@ def prepare_dataset(
     created = not folder.exists()
     folder.mkdir(parents=True, exist_ok=True)
     try:
-        return _write_dataset(folder, files, inputs, tokenizer, vocab_size, val_fraction, split, text_field,
-                              shard_tokens, progress, bpe_train_chars, t0)
+        return _write_dataset(
+            folder, files, inputs, tokenizer=tokenizer, vocab_size=vocab_size, val_fraction=val_fraction, split=split,
+            text_field=text_field, shard_tokens=shard_tokens, progress=progress, bpe_train_chars=bpe_train_chars, t0=t0,
+        )
     except BaseException:
         if created and not any(folder.iterdir()):
             folder.rmdir()  # made by this run and left empty by the writers' abort
@@ -297,7 +299,7 @@ def prepare_dataset(
 
 
 def _write_dataset(
-    folder: Path, files: list[InputFile], inputs: list[str | Path], tokenizer: str, vocab_size: int,
+    folder: Path, files: list[InputFile], inputs: list[str | Path], *, tokenizer: str, vocab_size: int,
     val_fraction: float, split: str, text_field: str, shard_tokens: int, progress: bool, bpe_train_chars: int,
     t0: float,
 ) -> PrepareSummary:
